@@ -1,0 +1,194 @@
+package claim
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed reclaim.lua
+	reclaimLua string
+	//go:embed readown.lua
+	readOwnLua string
+	//go:embed touch.lua
+	touchLua string
+	//go:embed reap.lua
+	reapLua string
+
+	reclaimScript = redis.NewScript(reclaimLua)
+	readOwnScript = redis.NewScript(readOwnLua)
+	touchScript   = redis.NewScript(touchLua)
+	reapScript    = redis.NewScript(reapLua)
+)
+
+// MaxCallsPerSweep bounds the XAUTOCLAIM calls of one [Claimer.Sweep], so a
+// long pending-entries list is covered over several sweeps instead of one
+// unbounded loop.
+const MaxCallsPerSweep = 64
+
+// Entry is a pending entry that a consumer now owns.
+type Entry struct {
+	// ID is the stream entry ID.
+	ID string
+	// Fields are the entry's field/value pairs, as go-redis returns them in
+	// redis.XMessage.Values.
+	Fields map[string]any
+	// Deliveries is the entry's delivery count, this delivery included.
+	Deliveries int
+}
+
+// Claimer acts for one consumer of one group on one stream. It is safe for
+// concurrent use, except that Sweep must not run concurrently with itself.
+type Claimer struct {
+	rdb                     redis.Scripter
+	stream, group, consumer string
+	cursor                  string
+}
+
+// New returns a Claimer for consumer in group on stream.
+func New(rdb redis.Scripter, stream, group, consumer string) *Claimer {
+	return &Claimer{rdb: rdb, stream: stream, group: group, consumer: consumer, cursor: "0-0"}
+}
+
+// Sweep takes over entries idle for at least minIdle. Before each XAUTOCLAIM
+// it asks take how many entries it may claim (the free worker slots; take
+// reserves them), and stops when take returns 0, when the cursor has gone
+// round the whole list, or after [MaxCallsPerSweep] calls; the next Sweep
+// continues where this one stopped. Every reply goes to handle with the
+// number of slots that were reserved for it (the caller releases those left
+// unused), the entries claimed, and the IDs found deleted.
+func (c *Claimer) Sweep(ctx context.Context, minIdle time.Duration, take func(max int) int, handle func(reserved int, claimed []Entry, deleted []string)) error {
+	const max = 1000
+	for i := 0; i < MaxCallsPerSweep; i++ {
+		n := take(max)
+		if n <= 0 {
+			return nil
+		}
+		next, claimed, deleted, err := c.reclaim(ctx, minIdle, c.cursor, n)
+		if err != nil {
+			handle(n, nil, nil)
+			return err
+		}
+		c.cursor = next
+		handle(n, claimed, deleted)
+		if next == "0-0" {
+			return nil
+		}
+	}
+	return nil
+}
+
+func (c *Claimer) reclaim(ctx context.Context, minIdle time.Duration, cursor string, count int) (string, []Entry, []string, error) {
+	res, err := reclaimScript.Run(ctx, c.rdb, []string{c.stream}, c.group, c.consumer, minIdle.Milliseconds(), cursor, count).Slice()
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("claim: XAUTOCLAIM %s/%s: %w", c.stream, c.group, err)
+	}
+	if len(res) != 3 {
+		return "", nil, nil, fmt.Errorf("claim: XAUTOCLAIM %s/%s: unexpected reply %v", c.stream, c.group, res)
+	}
+	next, _ := res[0].(string)
+	entries, err := parseEntries(res[1])
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return next, entries, strings(res[2]), nil
+}
+
+// ReadOwn re-reads up to count of this consumer's own pending entries with
+// IDs greater than after ("0" for the first page), for a consumer that
+// restarted under the same name. Reading counts as a delivery. Entries
+// deleted while pending are acknowledged and returned as deleted.
+func (c *Claimer) ReadOwn(ctx context.Context, after string, count int) ([]Entry, []string, error) {
+	res, err := readOwnScript.Run(ctx, c.rdb, []string{c.stream}, c.group, c.consumer, after, count).Slice()
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim: read own pending %s/%s: %w", c.stream, c.group, err)
+	}
+	if len(res) != 2 {
+		return nil, nil, fmt.Errorf("claim: read own pending %s/%s: unexpected reply %v", c.stream, c.group, res)
+	}
+	entries, err := parseEntries(res[0])
+	return entries, strings(res[1]), err
+}
+
+// Extend resets the idle time of the entries this consumer still owns (the
+// heartbeat of running jobs) without changing their delivery counts, and
+// returns the IDs it no longer owns: another consumer reclaimed them, so
+// their handlers should stop.
+func (c *Claimer) Extend(ctx context.Context, ids ...string) ([]string, error) {
+	return c.touch(ctx, 0, ids)
+}
+
+// Release gives entries this consumer owns but will not finish back to the
+// group: their idle time is set to idle (the visibility timeout), so the
+// next sweep of any consumer takes them at once. It returns the IDs it no
+// longer owned.
+func (c *Claimer) Release(ctx context.Context, idle time.Duration, ids ...string) ([]string, error) {
+	return c.touch(ctx, idle, ids)
+}
+
+func (c *Claimer) touch(ctx context.Context, idle time.Duration, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	args := make([]any, 0, 3+len(ids))
+	args = append(args, c.group, c.consumer, idle.Milliseconds())
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	res, err := touchScript.Run(ctx, c.rdb, []string{c.stream}, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("claim: touch %d entries of %s/%s: %w", len(ids), c.stream, c.group, err)
+	}
+	return strings(res), nil
+}
+
+// Reap deletes the group's consumers, other than this one, that have been
+// idle for at least minIdle and own no pending entry, and returns their
+// names. A consumer with pending entries is never deleted, since Redis would
+// drop its entries with it; the check and the delete are one script.
+func (c *Claimer) Reap(ctx context.Context, minIdle time.Duration) ([]string, error) {
+	res, err := reapScript.Run(ctx, c.rdb, []string{c.stream}, c.group, minIdle.Milliseconds(), c.consumer).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("claim: reap consumers of %s/%s: %w", c.stream, c.group, err)
+	}
+	return strings(res), nil
+}
+
+func parseEntries(v any) ([]Entry, error) {
+	list, _ := v.([]any)
+	out := make([]Entry, 0, len(list))
+	for _, x := range list {
+		e, ok := x.([]any)
+		if !ok || len(e) != 3 {
+			return nil, fmt.Errorf("claim: unexpected entry %v", x)
+		}
+		id, _ := e[0].(string)
+		n, _ := e[2].(int64)
+		var fields map[string]any
+		if flat, ok := e[1].([]any); ok {
+			fields = make(map[string]any, len(flat)/2)
+			for i := 0; i+1 < len(flat); i += 2 {
+				if k, ok := flat[i].(string); ok {
+					fields[k] = flat[i+1]
+				}
+			}
+		}
+		out = append(out, Entry{ID: id, Fields: fields, Deliveries: int(n)})
+	}
+	return out, nil
+}
+
+func strings(v any) []string {
+	list, _ := v.([]any)
+	out := make([]string, 0, len(list))
+	for _, x := range list {
+		if s, ok := x.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -1,0 +1,21 @@
+-- reclaim.lua: take over entries idle longer than the visibility timeout.
+-- KEYS[1]  stream
+-- ARGV[1]  group
+-- ARGV[2]  consumer that takes the entries
+-- ARGV[3]  min idle time, ms (the visibility timeout)
+-- ARGV[4]  cursor ("0-0" starts a new pass)
+-- ARGV[5]  count (the free worker slots)
+-- Returns  {next cursor, {{id, {field, value, ...}, deliveries}, ...}, {deleted id, ...}}
+-- XAUTOCLAIM runs without JUSTID so that every reclaim counts as a delivery:
+-- a job that kills its worker every time is recognised by its delivery count.
+-- Deleted ids are entries trimmed or XDELed while pending; Redis 7 has already
+-- removed them from the pending-entries list.
+local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], 'COUNT', ARGV[5])
+local out = {}
+for _, e in ipairs(r[2]) do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
+  local n = 0
+  if #p == 1 then n = p[1][4] end
+  out[#out + 1] = {e[1], e[2], n}
+end
+return {r[1], out, r[3] or {}}

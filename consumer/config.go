@@ -1,0 +1,214 @@
+package consumer
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/pelicanqueue/pelican/internal/keyslot"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// Defaults of [Config].
+const (
+	DefaultBlock               = time.Second
+	DefaultConcurrency         = 10
+	DefaultIdleConsumerTimeout = time.Hour
+	DefaultMaxAttempts         = 25
+	DefaultMaxDeliveries       = 10
+	DefaultPromoteInterval     = 500 * time.Millisecond
+	DefaultSettleTimeout       = 5 * time.Second
+	DefaultShutdownTimeout     = 30 * time.Second
+	DefaultStartID             = "0"
+	DefaultVisibilityTimeout   = 30 * time.Second
+)
+
+// Config configures a [Consumer]. Zero values mean the defaults.
+type Config struct {
+	// Block is how long one XREADGROUP waits for new entries. Shutdown waits
+	// for a blocked read to return unless the client has
+	// ContextTimeoutEnabled, so keep it short. Defaults to [DefaultBlock].
+	Block time.Duration
+	// Concurrency is the number of jobs that run at once. Defaults to
+	// [DefaultConcurrency].
+	Concurrency int
+	// Consumer is this consumer's name in the group. It must be unique among
+	// the running processes; a process restarted under the same name re-runs
+	// its own pending jobs at once instead of after the visibility timeout.
+	// Defaults to "<hostname>-<pid>".
+	Consumer string
+	// DeadLetterStream receives dead-lettered jobs. It must hash to the
+	// stream's cluster slot. Defaults to stream.KeysFor(Stream).Dead.
+	DeadLetterStream string
+	// Group is the consumer group. Required. It is created, with MKSTREAM,
+	// when missing.
+	Group string
+	// HeartbeatInterval is how often the visibility of running jobs is
+	// extended. It must be less than half of VisibilityTimeout. Defaults to
+	// VisibilityTimeout/3.
+	HeartbeatInterval time.Duration
+	// IdleConsumerTimeout: other consumers of the group idle this long with
+	// no pending entries are deleted. Negative disables. Defaults to
+	// [DefaultIdleConsumerTimeout].
+	IdleConsumerTimeout time.Duration
+	// Logger receives the consumer's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// MaxAttempts is the number of attempts of a job that keeps failing,
+	// unless the job's max_attempts field says otherwise; then it is
+	// dead-lettered with reason "exhausted". Defaults to [DefaultMaxAttempts].
+	MaxAttempts int
+	// MaxDeliveries: an entry delivered more often than this (every reclaim
+	// counts, so a job that crashes its worker every time is caught) is
+	// dead-lettered with reason "max_deliveries" instead of being run again.
+	// Defaults to [DefaultMaxDeliveries].
+	MaxDeliveries int
+	// MaxEntryBytes is the largest entry accepted; larger ones are
+	// dead-lettered as malformed. Defaults to stream.DefaultMaxEntryBytes.
+	MaxEntryBytes int
+	// MaxRuntime cancels a handler's context after this long. Defaults to 0:
+	// no limit.
+	MaxRuntime time.Duration
+	// PromoteInterval is how often due jobs move from the delayed set back to
+	// the stream. Defaults to [DefaultPromoteInterval].
+	PromoteInterval time.Duration
+	// RetryBackoff returns the delay before the next attempt of a job whose
+	// handler returned a plain error after attempt earlier attempts.
+	// Defaults to [DefaultBackoff].
+	RetryBackoff func(attempt int) time.Duration
+	// SettleTimeout bounds each settlement (ack, retry, dead-letter). A
+	// settlement that fails leaves the job pending, to be recovered after the
+	// visibility timeout. Defaults to [DefaultSettleTimeout].
+	SettleTimeout time.Duration
+	// ShutdownTimeout is the drain deadline when Run's context is cancelled
+	// (Shutdown takes its own deadline from its context). Defaults to
+	// [DefaultShutdownTimeout].
+	ShutdownTimeout time.Duration
+	// StartID is where a new group starts reading: "0" for every entry in the
+	// stream, "$" for new entries only. A group lost with its data (Redis
+	// restarted without persistence) is recreated from "0". Defaults to
+	// [DefaultStartID].
+	StartID string
+	// Stream is the stream to consume. Required.
+	Stream string
+	// SweepInterval is how often this consumer looks for jobs idle longer
+	// than VisibilityTimeout. A job abandoned by a dead worker starts again
+	// within VisibilityTimeout + SweepInterval. Defaults to
+	// VisibilityTimeout/2.
+	SweepInterval time.Duration
+	// VisibilityTimeout is how long a delivered job may go without a
+	// heartbeat before another consumer takes it over. Defaults to
+	// [DefaultVisibilityTimeout].
+	VisibilityTimeout time.Duration
+}
+
+// DefaultBackoff is the default [Config.RetryBackoff]: 1s doubled per
+// attempt, capped at one hour, with "equal jitter" (a random delay between
+// half and all of that) so that jobs failing together do not retry together.
+func DefaultBackoff(attempt int) time.Duration {
+	d := time.Hour
+	if attempt < 12 {
+		d = min(time.Second<<attempt, time.Hour)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// resolved is a Config with its defaults applied and validated.
+type resolved struct {
+	Config
+	keys stream.Keys
+}
+
+func (c Config) resolve() (resolved, error) {
+	bad := func(format string, args ...any) (resolved, error) {
+		return resolved{}, fmt.Errorf("consumer: "+format, args...)
+	}
+	if c.Stream == "" {
+		return bad("Config.Stream is required")
+	}
+	keys, err := stream.KeysFor(c.Stream)
+	if err != nil {
+		return bad("Config.Stream: %v", err)
+	}
+	if c.Group == "" {
+		return bad("Config.Group is required")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Block", c.Block}, {"HeartbeatInterval", c.HeartbeatInterval}, {"MaxRuntime", c.MaxRuntime},
+		{"PromoteInterval", c.PromoteInterval}, {"SettleTimeout", c.SettleTimeout},
+		{"ShutdownTimeout", c.ShutdownTimeout}, {"SweepInterval", c.SweepInterval},
+		{"VisibilityTimeout", c.VisibilityTimeout}} {
+		if d.v < 0 {
+			return bad("Config.%s (%v) must not be negative", d.name, d.v)
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"Concurrency", c.Concurrency}, {"MaxAttempts", c.MaxAttempts},
+		{"MaxDeliveries", c.MaxDeliveries}, {"MaxEntryBytes", c.MaxEntryBytes}} {
+		if n.v < 0 {
+			return bad("Config.%s (%d) must not be negative", n.name, n.v)
+		}
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.Block, DefaultBlock)
+	def(&c.VisibilityTimeout, DefaultVisibilityTimeout)
+	def(&c.HeartbeatInterval, c.VisibilityTimeout/3)
+	def(&c.SweepInterval, c.VisibilityTimeout/2)
+	def(&c.PromoteInterval, DefaultPromoteInterval)
+	def(&c.SettleTimeout, DefaultSettleTimeout)
+	def(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	def(&c.IdleConsumerTimeout, DefaultIdleConsumerTimeout)
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = DefaultMaxDeliveries
+	}
+	if c.MaxEntryBytes == 0 {
+		c.MaxEntryBytes = stream.DefaultMaxEntryBytes
+	}
+	if c.StartID == "" {
+		c.StartID = DefaultStartID
+	}
+	if c.RetryBackoff == nil {
+		c.RetryBackoff = DefaultBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Consumer == "" {
+		host, _ := os.Hostname()
+		c.Consumer = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if c.DeadLetterStream == "" {
+		c.DeadLetterStream = keys.Dead
+	}
+	if c.DeadLetterStream == c.Stream {
+		return bad("Config.DeadLetterStream (%q) must differ from Config.Stream", c.DeadLetterStream)
+	}
+	if keyslot.Of(c.DeadLetterStream) != keyslot.Of(c.Stream) {
+		return bad("Config.DeadLetterStream (%q) must hash to the cluster slot of Config.Stream (%q); use a name with the same hash tag, such as %q",
+			c.DeadLetterStream, c.Stream, keys.Dead)
+	}
+	if c.HeartbeatInterval*2 >= c.VisibilityTimeout {
+		return bad("Config.HeartbeatInterval (%v) must be less than half of Config.VisibilityTimeout (%v)",
+			c.HeartbeatInterval, c.VisibilityTimeout)
+	}
+	if c.Block >= c.VisibilityTimeout {
+		return bad("Config.Block (%v) must be less than Config.VisibilityTimeout (%v)", c.Block, c.VisibilityTimeout)
+	}
+	return resolved{Config: c, keys: keys}, nil
+}

@@ -1,0 +1,590 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pelicanqueue/pelican/claim"
+	"github.com/pelicanqueue/pelican/stream"
+	"github.com/redis/go-redis/v9"
+)
+
+// Consumer runs jobs from one stream as one member of a consumer group.
+// Build it with [New], [Consumer.Use] and [Consumer.Handle], then call
+// [Consumer.Run]:
+//
+//	c := consumer.New(rdb, consumer.Config{Stream: "emails", Group: "senders"}).
+//		Use(tracing, locking).
+//		Handle(consumer.HandlerFunc(send))
+//	err := c.Run(ctx)
+type Consumer struct {
+	rdb     redis.UniversalClient
+	cfg     Config
+	mws     []Middleware
+	handler Handler
+
+	stopReq chan context.Context
+	done    chan struct{}
+	runErr  error
+	started atomic.Bool
+
+	// Set by Run.
+	r       resolved
+	chain   Handler
+	claimer *claim.Claimer
+	slots   chan struct{}
+	base    context.Context // parent of the handlers' contexts
+	ackCh   chan string
+	ackDone chan struct{}
+	errLog  rateLog
+	stats   counters
+
+	mu       sync.Mutex
+	inflight map[string]*task
+}
+
+// task is one running job.
+type task struct {
+	id      string
+	job     *stream.Job
+	cancel  context.CancelCauseFunc
+	touched time.Time // last delivery or heartbeat; guarded by Consumer.mu
+	done    chan struct{}
+}
+
+// delivery is an entry this consumer now owns.
+type delivery struct {
+	id         string
+	fields     map[string]any
+	deliveries int
+}
+
+// New returns a Consumer of rdb configured by cfg. The configuration is
+// checked by Run, before Run touches Redis.
+func New(rdb redis.UniversalClient, cfg Config) *Consumer {
+	return &Consumer{
+		rdb:     rdb,
+		cfg:     cfg,
+		stopReq: make(chan context.Context, 1),
+		done:    make(chan struct{}),
+	}
+}
+
+// Use appends middleware to the chain; the first one added is the outermost.
+// Call it before Run.
+func (c *Consumer) Use(mw ...Middleware) *Consumer {
+	c.mws = append(c.mws, mw...)
+	return c
+}
+
+// Handle sets the handler that the middleware chain wraps. Call it before
+// Run.
+func (c *Consumer) Handle(h Handler) *Consumer {
+	c.handler = h
+	return c
+}
+
+// Run consumes until ctx is cancelled or [Consumer.Shutdown] is called, then
+// drains: it stops reading at once, waits for running handlers up to the
+// drain deadline, cancels the contexts of those still running with cause
+// [ErrShutdown], and returns. Jobs that did not finish stay pending for
+// another consumer. Run returns nil after a clean drain, an error naming the
+// abandoned jobs when handlers ignored their cancelled contexts, and an
+// error naming the field when the configuration is invalid (before any
+// Redis command). A Consumer runs once.
+func (c *Consumer) Run(ctx context.Context) (err error) {
+	r, err := c.cfg.resolve()
+	if err != nil {
+		return err
+	}
+	if c.handler == nil {
+		return errors.New("consumer: no handler: call Handle before Run")
+	}
+	if c.rdb == nil {
+		return errors.New("consumer: nil Redis client")
+	}
+	if !c.started.CompareAndSwap(false, true) {
+		return errors.New("consumer: Run called twice")
+	}
+	defer func() {
+		c.runErr = err
+		close(c.done)
+	}()
+	c.r = r
+	c.chain = Chain(c.handler, c.mws...)
+	c.claimer = claim.New(c.rdb, r.Stream, r.Group, r.Consumer)
+	c.slots = make(chan struct{}, r.Concurrency)
+	for range r.Concurrency {
+		c.slots <- struct{}{}
+	}
+	c.base = context.WithoutCancel(ctx)
+	c.ackCh = make(chan string, 4*r.Concurrency+256)
+	c.ackDone = make(chan struct{})
+	c.inflight = make(map[string]*task)
+	c.errLog = rateLog{log: r.Logger, every: 10 * time.Second}
+
+	if err := c.createGroup(ctx, r.StartID); err != nil {
+		return err
+	}
+
+	work, stopWork := context.WithCancel(c.base)
+	defer stopWork()
+	var loops, side sync.WaitGroup
+	loops.Go(func() { c.readLoop(work) })
+	loops.Go(func() { c.every(work, r.SweepInterval, c.sweep) })
+	loops.Go(func() { c.every(work, r.PromoteInterval, c.promote) })
+	if r.IdleConsumerTimeout > 0 {
+		loops.Go(func() { c.every(work, max(r.IdleConsumerTimeout/4, time.Second), c.reap) })
+	}
+	beat, stopBeat := context.WithCancel(c.base)
+	defer stopBeat()
+	side.Go(func() { c.every(beat, r.HeartbeatInterval, c.heartbeat) })
+	stopAcks := make(chan struct{})
+	side.Go(func() { c.ackLoop(stopAcks) })
+
+	var drainCtx context.Context
+	select {
+	case <-ctx.Done():
+		var cancel context.CancelFunc
+		drainCtx, cancel = context.WithTimeout(context.Background(), r.ShutdownTimeout)
+		defer cancel()
+	case drainCtx = <-c.stopReq:
+	}
+	stopWork()
+	loops.Wait()
+	abandoned := c.drain(drainCtx)
+	stopBeat()
+	close(stopAcks)
+	side.Wait()
+	if len(abandoned) > 0 {
+		return fmt.Errorf("consumer: shutdown abandoned %d running job(s) whose handlers ignored cancellation; they stay pending: %s",
+			len(abandoned), strings.Join(abandoned, ", "))
+	}
+	return nil
+}
+
+// Shutdown stops a running consumer: it stops reading at once and waits for
+// running handlers until ctx is done, then cancels their contexts with cause
+// [ErrShutdown]. It returns when Run has returned, with Run's error, or with
+// ctx's error if Run has not returned shortly after the deadline.
+func (c *Consumer) Shutdown(ctx context.Context) error {
+	if !c.started.Load() {
+		return nil
+	}
+	select {
+	case c.stopReq <- ctx:
+	default:
+	}
+	select {
+	case <-c.done:
+		return c.runErr
+	case <-ctx.Done():
+	}
+	select {
+	case <-c.done: // Run cancels handlers at the deadline and returns soon after
+		return c.runErr
+	case <-time.After(time.Second):
+		return fmt.Errorf("consumer: shutdown: %w", ctx.Err())
+	}
+}
+
+// abandonGrace is how long the drain waits, after cancelling the contexts
+// of handlers still running at the deadline, for them to return.
+const abandonGrace = 500 * time.Millisecond
+
+// drain waits for running jobs until ctx is done, then cancels them with
+// ErrShutdown and waits abandonGrace more. It returns the IDs of the jobs
+// still running.
+func (c *Consumer) drain(ctx context.Context) []string {
+	for _, t := range c.snapshot() {
+		select {
+		case <-t.done:
+		case <-ctx.Done():
+		}
+	}
+	rest := c.snapshot()
+	if len(rest) == 0 {
+		return nil
+	}
+	for _, t := range rest {
+		t.cancel(ErrShutdown)
+	}
+	grace, cancel := context.WithTimeout(context.Background(), abandonGrace)
+	defer cancel()
+	for _, t := range rest {
+		select {
+		case <-t.done:
+		case <-grace.Done():
+		}
+	}
+	var abandoned []string
+	for _, t := range rest {
+		select {
+		case <-t.done:
+		default:
+			abandoned = append(abandoned, fmt.Sprintf("%s (job %s, type %s)", t.id, t.job.ID, t.job.Type))
+		}
+	}
+	return abandoned
+}
+
+func (c *Consumer) snapshot() []*task {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*task, 0, len(c.inflight))
+	for _, t := range c.inflight {
+		out = append(out, t)
+	}
+	return out
+}
+
+// createGroup creates the consumer group (and the stream) if missing.
+func (c *Consumer) createGroup(ctx context.Context, start string) error {
+	err := c.rdb.XGroupCreateMkStream(ctx, c.r.Stream, c.r.Group, start).Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("consumer: create group %s on %s: %w", c.r.Group, c.r.Stream, err)
+	}
+	return nil
+}
+
+// recoverGroup recreates a group that vanished (Redis restarted without
+// persistence, or the stream was deleted), from the first entry.
+func (c *Consumer) recoverGroup(ctx context.Context, err error) {
+	if err == nil || !strings.Contains(err.Error(), "NOGROUP") {
+		return
+	}
+	if cerr := c.createGroup(ctx, "0"); cerr == nil {
+		c.r.Logger.Warn("consumer group was missing and has been recreated from the first entry",
+			"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+	}
+}
+
+// acquire waits for one free worker slot, then takes up to max-1 more
+// without waiting. It returns 0 when ctx is done.
+func (c *Consumer) acquire(ctx context.Context, max int) int {
+	select {
+	case <-c.slots:
+	case <-ctx.Done():
+		return 0
+	}
+	return 1 + c.tryAcquire(max-1)
+}
+
+// tryAcquire takes up to max free slots without waiting.
+func (c *Consumer) tryAcquire(max int) int {
+	n := 0
+	for n < max {
+		select {
+		case <-c.slots:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+func (c *Consumer) release(n int) {
+	for range n {
+		c.slots <- struct{}{}
+	}
+}
+
+// readLoop first re-reads this consumer's own pending entries (left by an
+// earlier run under the same name), then reads new entries, each time as
+// many as there are free slots.
+func (c *Consumer) readLoop(ctx context.Context) {
+	var backoff backoff
+	after := "0"
+	for ctx.Err() == nil {
+		n := c.acquire(ctx, c.r.Concurrency)
+		if n == 0 {
+			return
+		}
+		entries, deleted, err := c.claimer.ReadOwn(ctx, after, n)
+		if err != nil {
+			c.release(n)
+			c.readError(ctx, err, &backoff)
+			continue
+		}
+		backoff.reset()
+		c.reportLost(deleted, "re-reading own pending entries")
+		if len(entries) == 0 && len(deleted) == 0 {
+			c.release(n)
+			break
+		}
+		for _, id := range deleted {
+			after = laterID(after, id)
+		}
+		c.dispatchOwned(n, entries)
+		for _, e := range entries {
+			after = laterID(after, e.ID)
+		}
+	}
+	for ctx.Err() == nil {
+		n := c.acquire(ctx, c.r.Concurrency)
+		if n == 0 {
+			return
+		}
+		res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group:    c.r.Group,
+			Consumer: c.r.Consumer,
+			Streams:  []string{c.r.Stream, ">"},
+			Count:    int64(n),
+			Block:    c.r.Block,
+		}).Result()
+		if err != nil {
+			c.release(n)
+			if errors.Is(err, redis.Nil) {
+				continue
+			}
+			if ctx.Err() == nil {
+				c.readError(ctx, err, &backoff)
+			}
+			continue
+		}
+		backoff.reset()
+		var msgs []redis.XMessage
+		if len(res) > 0 {
+			msgs = res[0].Messages
+		}
+		c.release(n - len(msgs))
+		if ctx.Err() != nil {
+			// Read after the stop: give the entries back for the next sweep.
+			ids := make([]string, len(msgs))
+			for i, m := range msgs {
+				ids[i] = m.ID
+			}
+			c.giveBack(ids)
+			c.release(len(msgs))
+			return
+		}
+		for _, m := range msgs {
+			c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1})
+		}
+	}
+}
+
+// dispatchOwned dispatches entries for which reserved slots are held,
+// waiting for more slots if there are more entries than that (miniredis
+// ignores COUNT when reading history).
+func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry) {
+	for i, e := range entries {
+		if i >= reserved {
+			<-c.slots // wait until a slot frees up
+		}
+		c.dispatch(delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries})
+	}
+	if len(entries) < reserved {
+		c.release(reserved - len(entries))
+	}
+}
+
+func (c *Consumer) readError(ctx context.Context, err error, b *backoff) {
+	c.stats.readErrors.Add(1)
+	c.recoverGroup(ctx, err)
+	c.errLog.error("reading from Redis failed; backing off", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+	b.wait(ctx)
+}
+
+// sweep takes over jobs idle longer than the visibility timeout, as many as
+// there are free slots.
+func (c *Consumer) sweep(ctx context.Context) {
+	err := c.claimer.Sweep(ctx, c.r.VisibilityTimeout, c.tryAcquire, func(reserved int, claimed []claim.Entry, deleted []string) {
+		c.reportLost(deleted, "reclaiming")
+		c.stats.reclaimed.Add(uint64(len(claimed)))
+		if len(claimed) > 0 {
+			c.r.Logger.Info("reclaimed jobs idle past the visibility timeout", "stream", c.r.Stream, "group", c.r.Group,
+				"consumer", c.r.Consumer, "count", len(claimed))
+		}
+		c.dispatchOwned(reserved, claimed)
+	})
+	if err != nil {
+		c.recoverGroup(ctx, err)
+		c.errLog.error("sweeping for idle jobs failed", err, "stream", c.r.Stream, "group", c.r.Group)
+	}
+}
+
+func (c *Consumer) reportLost(ids []string, when string) {
+	if len(ids) == 0 {
+		return
+	}
+	c.stats.lost.Add(uint64(len(ids)))
+	c.r.Logger.Error("pending jobs were deleted or trimmed from the stream before they finished; they are lost",
+		"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "when", when, "entry_ids", ids)
+}
+
+// dispatch starts a job for d. The caller holds a slot for it, which the
+// job's goroutine releases.
+func (c *Consumer) dispatch(d delivery) {
+	if d.deliveries > c.r.MaxDeliveries {
+		go c.deadOnly(d, ReasonMaxDeliveries, fmt.Sprintf("delivered %d times, more than MaxDeliveries (%d); the job may crash its worker", d.deliveries, c.r.MaxDeliveries), d.deliveries)
+		return
+	}
+	job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes)
+	if err != nil {
+		go c.deadOnly(d, ReasonMalformed, err.Error(), d.deliveries)
+		return
+	}
+	job.Stream = c.r.Stream
+	job.Deliveries = d.deliveries
+	ctx, cancel := context.WithCancelCause(c.base)
+	t := &task{id: d.id, job: job, cancel: cancel, touched: time.Now(), done: make(chan struct{})}
+	c.mu.Lock()
+	c.inflight[d.id] = t
+	c.mu.Unlock()
+	go c.work(ctx, t, d)
+}
+
+// deadOnly dead-letters an entry that never reaches the handler.
+func (c *Consumer) deadOnly(d delivery, reason, msg string, attempts int) {
+	defer c.release(1)
+	c.settleDead(d.id, d.fields, reason, msg, attempts, nil)
+}
+
+func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
+	defer c.release(1)
+	defer close(t.done)
+	defer t.cancel(nil)
+	var stop context.CancelFunc = func() {}
+	if c.r.MaxRuntime > 0 {
+		ctx, stop = context.WithTimeout(ctx, c.r.MaxRuntime)
+	}
+	err := c.call(ctx, t.job)
+	stop()
+	cause := context.Cause(ctx)
+	c.mu.Lock()
+	delete(c.inflight, t.id)
+	c.mu.Unlock()
+	switch {
+	case errors.Is(cause, ErrLeaseLost):
+		c.r.Logger.Warn("job's lease was lost to another consumer; not settling it here", jobAttrs(t.job, err)...)
+	case err == nil:
+		c.queueAck(t.id)
+	case errors.Is(cause, ErrShutdown):
+		c.giveBack([]string{t.id})
+	default:
+		c.settleError(t.job, d, err)
+	}
+}
+
+// call runs the handler chain, turning a panic into a *PanicError.
+func (c *Consumer) call(ctx context.Context, job *stream.Job) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return c.chain.Process(ctx, job)
+}
+
+// heartbeat extends the visibility of jobs running for longer than half a
+// heartbeat interval, and cancels those whose lease was lost.
+func (c *Consumer) heartbeat(ctx context.Context) {
+	now := time.Now()
+	var ids []string
+	c.mu.Lock()
+	for id, t := range c.inflight {
+		if now.Sub(t.touched) >= c.r.HeartbeatInterval/2 {
+			ids = append(ids, id)
+		}
+	}
+	c.mu.Unlock()
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), 512)]
+		ids = ids[len(chunk):]
+		sctx, cancel := context.WithTimeout(ctx, c.r.HeartbeatInterval)
+		lost, err := c.claimer.Extend(sctx, chunk...)
+		cancel()
+		if err != nil {
+			c.errLog.error("extending the visibility of running jobs failed", err, "stream", c.r.Stream, "group", c.r.Group)
+			return
+		}
+		gone := make(map[string]bool, len(lost))
+		for _, id := range lost {
+			gone[id] = true
+		}
+		c.mu.Lock()
+		for _, id := range chunk {
+			t := c.inflight[id]
+			if t == nil {
+				continue
+			}
+			if gone[id] {
+				c.stats.leaseLost.Add(1)
+				t.cancel(ErrLeaseLost)
+			} else {
+				t.touched = now
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+func (c *Consumer) promote(ctx context.Context) {
+	const limit = 256
+	for range 8 {
+		n, err := promoteScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.keys.Delayed, c.r.DeadLetterStream}, limit).Int()
+		if err != nil {
+			c.errLog.error("moving due jobs from the delayed set failed", err, "stream", c.r.Stream)
+			return
+		}
+		if n < limit {
+			return
+		}
+	}
+}
+
+func (c *Consumer) reap(ctx context.Context) {
+	names, err := c.claimer.Reap(ctx, c.r.IdleConsumerTimeout)
+	if err != nil {
+		c.recoverGroup(ctx, err)
+		c.errLog.error("removing idle consumers failed", err, "stream", c.r.Stream, "group", c.r.Group)
+		return
+	}
+	if len(names) > 0 {
+		c.r.Logger.Info("removed idle consumers with no pending jobs", "stream", c.r.Stream, "group", c.r.Group, "consumers", names)
+	}
+}
+
+// giveBack releases entries this consumer will not finish, so that the next
+// sweep of any consumer takes them at once.
+func (c *Consumer) giveBack(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := c.settleContext()
+	defer cancel()
+	if _, err := c.claimer.Release(ctx, c.r.VisibilityTimeout, ids...); err != nil {
+		c.errLog.error("giving back unfinished jobs failed; they will be reclaimed after the visibility timeout", err,
+			"stream", c.r.Stream, "entry_ids", ids)
+	}
+}
+
+// every calls f every d until ctx is done.
+func (c *Consumer) every(ctx context.Context, d time.Duration, f func(context.Context)) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f(ctx)
+		}
+	}
+}
+
+// laterID returns the later of two stream entry IDs.
+func laterID(a, b string) string {
+	if compareIDs(a, b) < 0 {
+		return b
+	}
+	return a
+}

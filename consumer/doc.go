@@ -1,0 +1,31 @@
+// Package consumer runs jobs from a Redis Streams consumer group: it reads,
+// dispatches to the handler through the middleware chain, and settles each
+// job atomically once its outcome is final.
+//
+//	producer → stream → consumer (this package) → middleware → handler
+//	                        ⇅ claim (visibility timeout)
+//
+// A Consumer reads with XREADGROUP in batches sized to its free worker slots,
+// so it never holds a job it cannot start. A job is acknowledged only when its
+// outcome is final, and each outcome is one Lua script that first checks that
+// this consumer still owns the entry in the group's pending-entries list:
+//
+//   - done: XACK (finished jobs are acknowledged in batches);
+//   - retry later: XACK and schedule the next attempt in the delayed set, with
+//     attempt incremented and the error recorded;
+//   - dead-letter: XACK and XADD to the dead-letter stream with the original
+//     raw fields and dead_* metadata.
+//
+// A worker whose job was reclaimed by another consumer therefore can neither
+// acknowledge nor settle it. Delivery is at-least-once: a job whose worker
+// died after the side effect and before the acknowledgement runs again, so
+// handlers must be idempotent.
+//
+// Handlers return typed outcomes: nil (done), an error made by [Retry],
+// [Snooze] or [Dead], or any other error (retried with [Config.RetryBackoff]
+// until [Config.MaxAttempts]). A panic is recovered and the job is
+// dead-lettered with reason "panic" and the stack.
+//
+// The package imports stream and claim, never middleware, and no
+// observability library.
+package consumer

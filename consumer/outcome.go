@@ -1,0 +1,121 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Dead-letter reasons written by the consumer in the dead_reason field.
+const (
+	// ReasonMalformed: the entry is not a valid job (stream.DecodeError).
+	ReasonMalformed = "malformed"
+	// ReasonUnknownType: no handler for the job's type (see [Mux]).
+	ReasonUnknownType = "unknown_type"
+	// ReasonMaxDeliveries: the entry was delivered more than
+	// [Config.MaxDeliveries] times, as a job that kills its worker would be.
+	ReasonMaxDeliveries = "max_deliveries"
+	// ReasonPanic: the handler panicked.
+	ReasonPanic = "panic"
+	// ReasonExhausted: the job failed [Config.MaxAttempts] times.
+	ReasonExhausted = "exhausted"
+	// ReasonPermanent: the handler said the job can never succeed.
+	ReasonPermanent = "permanent"
+)
+
+// Causes with which the consumer cancels a handler's context.
+var (
+	// ErrLeaseLost: another consumer reclaimed the job (this one stalled past
+	// the visibility timeout). The job is not settled by this consumer.
+	ErrLeaseLost = errors.New("consumer: lease lost: the job was reclaimed by another consumer")
+	// ErrShutdown: the consumer is shutting down and its drain deadline has
+	// passed. A job whose handler then returns an error stays pending, for
+	// another consumer.
+	ErrShutdown = errors.New("consumer: shutting down")
+)
+
+type outcomeKind int
+
+const (
+	kindRetry outcomeKind = iota
+	kindSnooze
+	kindDead
+)
+
+// Outcome is a handler's decision about a failed job, made by [Retry],
+// [Snooze] or [Dead] and found with errors.As.
+type Outcome struct {
+	kind   outcomeKind
+	delay  time.Duration
+	reason string
+	err    error
+}
+
+// Error implements error.
+func (o *Outcome) Error() string {
+	var what string
+	switch o.kind {
+	case kindRetry:
+		what = fmt.Sprintf("retry in %v", o.delay)
+	case kindSnooze:
+		what = fmt.Sprintf("snooze %v", o.delay)
+	default:
+		what = "dead-letter (" + o.reason + ")"
+	}
+	if o.err == nil {
+		return what
+	}
+	return what + ": " + o.err.Error()
+}
+
+// Unwrap returns the error the outcome carries.
+func (o *Outcome) Unwrap() error { return o.err }
+
+// Delay is the time to wait before the next attempt (Retry and Snooze).
+func (o *Outcome) Delay() time.Duration { return o.delay }
+
+// Reason is the dead-letter reason (Dead), or "".
+func (o *Outcome) Reason() string { return o.reason }
+
+// IsDead reports whether the outcome dead-letters the job.
+func (o *Outcome) IsDead() bool { return o.kind == kindDead }
+
+// CountsAttempt reports whether the outcome uses up an attempt: Retry does,
+// Snooze does not.
+func (o *Outcome) CountsAttempt() bool { return o.kind == kindRetry }
+
+// Retry returns an error that schedules the job's next attempt after delay
+// (at once if delay <= 0). The attempt counts toward the job's maximum; when
+// none is left the job is dead-lettered with reason [ReasonExhausted].
+func Retry(delay time.Duration, err error) error {
+	return &Outcome{kind: kindRetry, delay: delay, err: err}
+}
+
+// Snooze returns an error that reschedules the job after delay without
+// counting an attempt: for a job that could not start (a lock held
+// elsewhere, a rate limit), not one that failed.
+func Snooze(delay time.Duration) error {
+	return &Outcome{kind: kindSnooze, delay: delay}
+}
+
+// Dead returns an error that dead-letters the job with the given reason
+// without another attempt.
+func Dead(reason string, err error) error {
+	if reason == "" {
+		reason = ReasonPermanent
+	}
+	return &Outcome{kind: kindDead, reason: reason, err: err}
+}
+
+// PanicError is the error of a handler that panicked.
+type PanicError struct {
+	// Value is what the handler passed to panic.
+	Value any
+	// Stack is the goroutine's stack at the panic.
+	Stack []byte
+}
+
+// Error implements error.
+func (p *PanicError) Error() string {
+	return fmt.Sprintf("panic: %v\n%s", p.Value, p.Stack)
+}

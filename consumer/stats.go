@@ -1,0 +1,104 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Stats counts what a Consumer has done since Run started.
+type Stats struct {
+	// Acked is the number of jobs acknowledged as done.
+	Acked uint64
+	// Retried is the number of jobs rescheduled for a later attempt.
+	Retried uint64
+	// DeadLettered is the number of entries moved to the dead-letter stream.
+	DeadLettered uint64
+	// Reclaimed is the number of entries taken over from other consumers (or
+	// from this one) after the visibility timeout.
+	Reclaimed uint64
+	// Lost is the number of pending entries found deleted or trimmed from the
+	// stream before they finished; their payload is gone.
+	Lost uint64
+	// Stale is the number of settlements refused because this consumer no
+	// longer owned the entry: each is a job that another consumer runs again.
+	Stale uint64
+	// LeaseLost is the number of running jobs whose lease was lost.
+	LeaseLost uint64
+	// ReadErrors is the number of failed reads from Redis.
+	ReadErrors uint64
+}
+
+type counters struct {
+	acked, retried, dead, reclaimed, lost, stale, leaseLost, readErrors atomic.Uint64
+}
+
+// Stats returns the consumer's counters.
+func (c *Consumer) Stats() Stats {
+	s := &c.stats
+	return Stats{
+		Acked: s.acked.Load(), Retried: s.retried.Load(), DeadLettered: s.dead.Load(),
+		Reclaimed: s.reclaimed.Load(), Lost: s.lost.Load(), Stale: s.stale.Load(),
+		LeaseLost: s.leaseLost.Load(), ReadErrors: s.readErrors.Load(),
+	}
+}
+
+// backoff is a capped exponential backoff with jitter for Redis errors.
+type backoff struct{ n int }
+
+const (
+	backoffBase = 50 * time.Millisecond
+	backoffCap  = 2 * time.Second
+)
+
+func (b *backoff) reset() { b.n = 0 }
+
+// wait sleeps for the next delay and reports whether ctx is still live.
+func (b *backoff) wait(ctx context.Context) bool {
+	d := backoffCap
+	if b.n < 6 {
+		d = min(backoffBase<<b.n, backoffCap)
+	}
+	b.n++
+	d = d/2 + rand.N(d/2+1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// rateLog logs an error at most once per interval, counting the ones it
+// held back, so that an outage does not flood the log.
+type rateLog struct {
+	log   *slog.Logger
+	every time.Duration
+
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func (r *rateLog) error(msg string, err error, attrs ...any) {
+	r.mu.Lock()
+	now := time.Now()
+	if !r.last.IsZero() && now.Sub(r.last) < r.every {
+		r.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	n := r.suppressed
+	r.last, r.suppressed = now, 0
+	r.mu.Unlock()
+	attrs = append(attrs, "error", err.Error())
+	if n > 0 {
+		attrs = append(attrs, "suppressed_errors", n)
+	}
+	r.log.Error(msg, attrs...)
+}

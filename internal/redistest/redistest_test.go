@@ -1,0 +1,363 @@
+package redistest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// alive reports whether a process with this PID exists (zombies included).
+func alive(pid int) bool {
+	return syscall.Kill(pid, 0) == nil
+}
+
+func TestServer_Kill9Restart(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		aof      string
+		wantKept bool
+	}{
+		{name: "AOF=always", aof: "always", wantKept: true},
+		// Without persistence the key must be lost: proves the kill and
+		// restart are real, so the case above can fail.
+		{name: "AOF=none", aof: "", wantKept: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := Start(t, Options{AOF: tc.aof})
+			c := s.Client(t)
+			ctx := t.Context()
+			key := Name(t)
+			if err := c.Set(ctx, key, "v", 0).Err(); err != nil {
+				t.Fatalf("SET: %v", err)
+			}
+			pid := s.PID()
+
+			s.Kill9()
+			if alive(pid) {
+				t.Fatalf("pid %d still exists after Kill9", pid)
+			}
+			s.Restart()
+			if s.PID() == pid {
+				t.Fatalf("PID after Restart = %d, want a new process", pid)
+			}
+
+			got, err := c.Get(ctx, key).Result()
+			switch {
+			case tc.wantKept && err != nil:
+				t.Fatalf("GET after Kill9+Restart: %v, want the key kept", err)
+			case tc.wantKept && got != "v":
+				t.Fatalf("GET after Kill9+Restart = %q, want %q", got, "v")
+			case !tc.wantKept && !errors.Is(err, redis.Nil):
+				t.Fatalf("GET after Kill9+Restart = %q, %v; want redis.Nil", got, err)
+			}
+		})
+	}
+}
+
+func TestServer_StopCont(t *testing.T) {
+	t.Parallel()
+	s := Start(t, Options{})
+	const readTimeout = 200 * time.Millisecond
+	c := s.Client(t, func(o *redis.Options) {
+		o.ReadTimeout = readTimeout
+		o.MaxRetries = -1 // one attempt, so the timeout is exactly one ReadTimeout
+	})
+	ctx := t.Context()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING before Stop: %v", err)
+	}
+
+	s.Stop()
+	start := time.Now()
+	err := c.Ping(ctx).Err()
+	elapsed := time.Since(start)
+	var netErr net.Error
+	if !errors.As(err, &netErr) || !netErr.Timeout() {
+		t.Fatalf("PING while stopped: err = %v, want a timeout", err)
+	}
+	if elapsed < readTimeout || elapsed > 10*readTimeout {
+		t.Errorf("PING while stopped returned after %v, want about %v", elapsed, readTimeout)
+	}
+
+	s.Cont()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after Cont: %v", err)
+	}
+}
+
+func TestServer_ShutdownRestart(t *testing.T) {
+	t.Parallel()
+	s := Start(t, Options{})
+	c := s.Client(t)
+	ctx := t.Context()
+	key := Name(t)
+	if err := c.Set(ctx, key, "v", 0).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+	pid := s.PID()
+
+	s.Shutdown()
+	if alive(pid) {
+		t.Fatalf("pid %d still exists after Shutdown", pid)
+	}
+	if log := s.logSince(0); !strings.Contains(log, "ready to exit, bye bye") {
+		t.Errorf("log has no graceful-exit line after Shutdown:\n%s", s.logTail())
+	}
+	if _, err := probe(s.Addr(), probeTimeout, "PING"); err == nil {
+		t.Fatalf("PING after Shutdown succeeded, want a refused connection")
+	}
+
+	s.Restart()
+	if s.PID() == pid {
+		t.Fatalf("PID after Restart = %d, want a new process", pid)
+	}
+	if err := c.Get(ctx, key).Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("GET after Shutdown NOSAVE + Restart without persistence: %v, want redis.Nil", err)
+	}
+}
+
+func TestServer_RestartRunning(t *testing.T) {
+	t.Parallel()
+	s := Start(t, Options{})
+	msg := runFake(t, func(tb testing.TB) {
+		s.t = tb // methods fail the test given to Start
+		s.Restart()
+	})
+	s.t = t
+	if !strings.Contains(msg, "still running") {
+		t.Fatalf("Restart of a running server: Fatalf = %q, want it to say the server is still running", msg)
+	}
+	if err := s.Client(t).Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("PING after refused Restart: %v", err)
+	}
+}
+
+func TestStart_cleanupKills(t *testing.T) {
+	t.Parallel()
+	for _, stop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stopped=%v", stop), func(t *testing.T) {
+			t.Parallel()
+			var pid int
+			msg := runFake(t, func(tb testing.TB) {
+				s := Start(tb, Options{AOF: "everysec"})
+				pid = s.PID()
+				if stop {
+					s.Stop()
+				}
+			})
+			if msg != "" {
+				t.Fatalf("Start: %s", msg)
+			}
+			if pid == 0 || alive(pid) {
+				t.Fatalf("pid %d still exists after cleanup", pid)
+			}
+		})
+	}
+}
+
+func TestStart_badOptions(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want []string
+	}{
+		{name: "AOF", opts: Options{AOF: "sometimes"}, want: []string{"Options.AOF"}},
+		{
+			name: "Args",
+			opts: Options{Args: []string{"--no-such-directive", "x"}},
+			// the log tail is in the message
+			want: []string{"did not start", "Bad directive"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			msg := runFake(t, func(tb testing.TB) { Start(tb, tc.opts) })
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("Fatalf = %q, want it to contain %q", msg, w)
+				}
+			}
+		})
+	}
+}
+
+func TestServer_launchPortInUse(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := t.TempDir()
+	s := &Server{t: t, dir: dir, logPath: dir + "/redis.log", port: l.Addr().(*net.TCPAddr).Port}
+	t.Cleanup(s.cleanup)
+	if err := s.launch(time.Now().Add(startTimeout)); !errors.Is(err, errPortInUse) {
+		t.Fatalf("launch on a taken port: %v, want errPortInUse", err)
+	}
+}
+
+func TestStartCluster(t *testing.T) {
+	t.Parallel()
+	c := StartCluster(t, 3)
+	cc := c.Client(t)
+	ctx := t.Context()
+	name := Name(t)
+
+	// {a}, {b} and {c} hash to slots 15495, 3300 and 7365: one per master.
+	keys := []string{"{a}:" + name, "{b}:" + name, "{c}:" + name}
+	for _, k := range keys {
+		if err := cc.Set(ctx, k, "v:"+k, 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", k, err)
+		}
+	}
+	// Nodes()[i] owns the i-th third of the slots.
+	wantOwner := map[string]int{keys[0]: 2, keys[1]: 0, keys[2]: 1}
+	for _, k := range keys {
+		got, err := cc.Get(ctx, k).Result()
+		if err != nil || got != "v:"+k {
+			t.Fatalf("GET %s = %q, %v; want %q", k, got, err, "v:"+k)
+		}
+		var holders []int
+		for i, n := range c.Nodes() {
+			if reply, err := probe(n.Addr(), probeTimeout, "EXISTS", k); err == nil && reply == "1" {
+				holders = append(holders, i)
+			}
+		}
+		if len(holders) != 1 || holders[0] != wantOwner[k] {
+			t.Errorf("%s is held by nodes %v, want only node %d", k, holders, wantOwner[k])
+		}
+	}
+
+	const script = `redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[1])
+return redis.call('GET', KEYS[2])`
+	got, err := cc.Eval(ctx, script, []string{"{q1}:a", "{q1}:b"}, "x").Result()
+	if err != nil || got != "x" {
+		t.Fatalf("EVAL on {q1}:a {q1}:b = %v, %v; want x", got, err)
+	}
+	if _, err := cc.Eval(ctx, script, []string{"a", "b"}, "x").Result(); err == nil ||
+		!strings.Contains(err.Error(), "CROSSSLOT") {
+		t.Fatalf("EVAL on a b: err = %v, want CROSSSLOT", err)
+	}
+}
+
+func TestShared(t *testing.T) {
+	t.Parallel()
+	t.Run("reachable", func(t *testing.T) {
+		t.Parallel()
+		s := Start(t, Options{})
+		if err := shared(t, s.Addr()).Ping(t.Context()).Err(); err != nil {
+			t.Fatalf("PING: %v", err)
+		}
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		t.Parallel()
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close() // nothing listens there now
+		msg := runFake(t, func(tb testing.TB) { shared(tb, addr) })
+		if !strings.Contains(msg, "REDIS_ADDR") || !strings.Contains(msg, addr) {
+			t.Fatalf("Fatalf = %q, want it to name REDIS_ADDR and %s", msg, addr)
+		}
+	})
+}
+
+func TestAddr(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	if got := addrFrom(getenv); got != "127.0.0.1:6379" {
+		t.Errorf("addrFrom(unset) = %q, want 127.0.0.1:6379", got)
+	}
+	env["REDIS_ADDR"] = "10.0.0.1:7000"
+	if got := addrFrom(getenv); got != "10.0.0.1:7000" {
+		t.Errorf("addrFrom(REDIS_ADDR=10.0.0.1:7000) = %q", got)
+	}
+}
+
+func TestName(t *testing.T) {
+	t.Parallel()
+	valid := regexp.MustCompile(`^t:[A-Za-z0-9_./-]{1,64}:[0-9a-f]{8}$`)
+	for _, sub := range []string{"plain", "with {braces} and:colons, spaces", strings.Repeat("long", 40)} {
+		t.Run(sub, func(t *testing.T) {
+			t.Parallel()
+			a, b := Name(t), Name(t)
+			if !valid.MatchString(a) || strings.ContainsAny(a, "{}") {
+				t.Errorf("Name = %q, want it to match %v", a, valid)
+			}
+			if !strings.HasPrefix(a, "t:TestName/") {
+				t.Errorf("Name = %q, want prefix t:TestName/", a)
+			}
+			if a == b {
+				t.Errorf("two calls returned the same name %q", a)
+			}
+		})
+	}
+}
+
+// fakeTB records Fatalf and Cleanup calls, so tests can check how the
+// harness fails and that its cleanups leave nothing behind. Everything else
+// goes to the real test.
+type fakeTB struct {
+	testing.TB
+
+	mu       sync.Mutex
+	fatal    string
+	cleanups []func()
+}
+
+func (f *fakeTB) Helper() {}
+
+func (f *fakeTB) Fatalf(format string, args ...any) {
+	f.mu.Lock()
+	f.fatal = fmt.Sprintf(format, args...)
+	f.mu.Unlock()
+	runtime.Goexit()
+}
+
+func (f *fakeTB) Fatal(args ...any) { f.Fatalf("%s", fmt.Sprint(args...)) }
+
+func (f *fakeTB) Cleanup(fn func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cleanups = append(f.cleanups, fn)
+}
+
+func (f *fakeTB) Failed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fatal != ""
+}
+
+// runFake runs fn with a fakeTB on its own goroutine (Fatalf ends it with
+// runtime.Goexit), then runs the recorded cleanups, last first, and returns
+// the Fatalf message, or "" if fn did not fail.
+func runFake(t *testing.T, fn func(testing.TB)) string {
+	t.Helper()
+	f := &fakeTB{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn(f)
+	}()
+	<-done
+	for i := len(f.cleanups) - 1; i >= 0; i-- {
+		f.cleanups[i]()
+	}
+	return f.fatal
+}

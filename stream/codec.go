@@ -1,0 +1,241 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultMaxEntryBytes is the largest entry, counting the bytes of all field
+// names and values, that [Decode] accepts.
+const DefaultMaxEntryBytes = 16 << 20
+
+// DecodeError reports a stream entry that is not a valid job. The consumer
+// dead-letters such an entry with reason "malformed" and this error's text.
+type DecodeError struct {
+	// EntryID is the ID of the entry.
+	EntryID string
+	// Field names the offending field; empty when the entry as a whole is
+	// wrong (no fields at all).
+	Field string
+	// Reason says what is wrong with it.
+	Reason string
+}
+
+// Error implements error.
+func (e *DecodeError) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("stream: entry %s: %s", e.EntryID, e.Reason)
+	}
+	return fmt.Sprintf("stream: entry %s: field %q: %s", e.EntryID, e.Field, e.Reason)
+}
+
+// Encode returns the job's fields in wire format v1, as alternating names and
+// values ready for XADD. It writes only fields that differ from their
+// defaults, and Headers and Extra in name order. Delivery fields (EntryID,
+// Stream, Deliveries) are not written, nor is an Extra entry whose name is a
+// v1 field or a header field.
+func Encode(j *Job) []any {
+	f := make([]any, 0, 8+2*(len(j.Headers)+len(j.Extra)))
+	f = append(f, FieldVersion, "1", FieldType, j.Type, FieldPayload, j.Payload)
+	add := func(name, v string) {
+		if v != "" {
+			f = append(f, name, v)
+		}
+	}
+	add(FieldJobID, j.ID)
+	add(FieldContentType, j.ContentType)
+	add(FieldIdempotencyKey, j.IdempotencyKey)
+	if j.Attempt > 0 {
+		f = append(f, FieldAttempt, strconv.Itoa(j.Attempt))
+	}
+	if j.MaxAttempts > 0 {
+		f = append(f, FieldMaxAttempts, strconv.Itoa(j.MaxAttempts))
+	}
+	if !j.CreatedAt.IsZero() {
+		f = append(f, FieldCreatedAt, strconv.FormatInt(j.CreatedAt.UnixMilli(), 10))
+	}
+	add(FieldLockKey, j.LockKey)
+	add(FieldTraceParent, j.TraceParent)
+	add(FieldTraceState, j.TraceState)
+	add(FieldLastError, j.LastError)
+	for _, k := range sortedKeys(j.Headers) {
+		f = append(f, HeaderPrefix+k, j.Headers[k])
+	}
+	for _, k := range sortedKeys(j.Extra) {
+		if isFormatField(k) {
+			// Decode never puts such a name in Extra; writing it would
+			// shadow the real field (Extra["type"] would reroute the job).
+			continue
+		}
+		f = append(f, k, j.Extra[k])
+	}
+	return f
+}
+
+// isFormatField reports whether name is a field of wire format v1, a header
+// field (h.<name>) included.
+func isFormatField(name string) bool {
+	switch name {
+	case FieldVersion, FieldType, FieldPayload, FieldJobID, FieldIdempotencyKey,
+		FieldAttempt, FieldMaxAttempts, FieldCreatedAt, FieldLockKey,
+		FieldContentType, FieldTraceParent, FieldTraceState, FieldLastError:
+		return true
+	}
+	h, ok := strings.CutPrefix(name, HeaderPrefix)
+	return ok && h != ""
+}
+
+func sortedKeys(m map[string]string) []string {
+	if len(m) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Decode turns the fields of stream entry id, as go-redis returns them in
+// redis.XMessage.Values, into a Job. It rejects entries larger than
+// [DefaultMaxEntryBytes]; see [DecodeLimit].
+func Decode(id string, fields map[string]any) (*Job, error) {
+	return DecodeLimit(id, fields, DefaultMaxEntryBytes)
+}
+
+// DecodeLimit is [Decode] with a size limit: an entry whose field names and
+// values add up to more than maxBytes is rejected. maxBytes <= 0 means no
+// limit. The returned error is always a *DecodeError; the function never
+// panics, whatever the entry holds.
+func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
+	fail := func(field, format string, args ...any) (*Job, error) {
+		return nil, &DecodeError{EntryID: id, Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if len(fields) == 0 {
+		return fail("", "entry has no fields (an empty or trimmed entry)")
+	}
+	j := &Job{EntryID: id}
+	// Every field is looked at before an error is returned, so that the
+	// error does not depend on map order: the size limit first, then the
+	// wrong field with the smallest name.
+	var bad *DecodeError
+	reject := func(field, format string, args ...any) {
+		if bad == nil || field < bad.Field {
+			bad = &DecodeError{EntryID: id, Field: field, Reason: fmt.Sprintf(format, args...)}
+		}
+	}
+	size, biggest, biggestLen := 0, "", -1
+	for name, raw := range fields {
+		v, ok := raw.(string)
+		if !ok {
+			reject(name, "value is a %T, not a string", raw)
+			continue
+		}
+		size += len(name) + len(v)
+		if len(v) > biggestLen || (len(v) == biggestLen && name < biggest) {
+			biggest, biggestLen = name, len(v)
+		}
+		var err error
+		switch name {
+		case FieldVersion:
+			if v != "1" {
+				reject(name, "unsupported format version %s (this consumer reads version 1)", quote(v))
+			}
+		case FieldType:
+			j.Type = v
+		case FieldPayload:
+			if maxBytes <= 0 || len(v) <= maxBytes {
+				j.Payload = []byte(v)
+			}
+		case FieldJobID:
+			j.ID = v
+		case FieldIdempotencyKey:
+			j.IdempotencyKey = v
+		case FieldAttempt:
+			j.Attempt, err = nonNegative(v)
+		case FieldMaxAttempts:
+			j.MaxAttempts, err = nonNegative(v)
+		case FieldCreatedAt:
+			var ms int
+			if ms, err = nonNegative(v); err == nil && ms > 0 {
+				j.CreatedAt = time.UnixMilli(int64(ms))
+			}
+		case FieldLockKey:
+			j.LockKey = v
+		case FieldContentType:
+			j.ContentType = v
+		case FieldTraceParent:
+			j.TraceParent = v
+		case FieldTraceState:
+			j.TraceState = v
+		case FieldLastError:
+			j.LastError = v
+		default:
+			if h, ok := strings.CutPrefix(name, HeaderPrefix); ok && h != "" {
+				if j.Headers == nil {
+					j.Headers = make(map[string]string)
+				}
+				j.Headers[h] = v
+			} else {
+				if j.Extra == nil {
+					j.Extra = make(map[string]string)
+				}
+				j.Extra[name] = v
+			}
+		}
+		if err != nil {
+			reject(name, "%v (got %s)", err, quote(v))
+		}
+	}
+	if maxBytes > 0 && size > maxBytes {
+		return fail(biggest, "entry is %d bytes, over the limit of %d", size, maxBytes)
+	}
+	if bad != nil {
+		return nil, bad
+	}
+	if j.Type == "" {
+		if _, ok := fields[FieldType]; ok {
+			return fail(FieldType, "is empty")
+		}
+		return fail(FieldType, "is missing")
+	}
+	if j.ID == "" {
+		j.ID = id
+	}
+	if j.CreatedAt.IsZero() {
+		j.CreatedAt, _ = EntryTime(id)
+	}
+	if j.ContentType == "" {
+		j.ContentType = ContentTypeJSON
+	}
+	return j, nil
+}
+
+// nonNegative parses a decimal integer that fits an int64, nothing else: no
+// sign, no spaces, no exponent.
+func nonNegative(v string) (int, error) {
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, errors.New("not a non-negative decimal integer")
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, errors.New("not a non-negative decimal integer")
+	}
+	return int(n), nil
+}
+
+// quote renders a foreign value for an error message: quoted, and cut short.
+func quote(v string) string {
+	const max = 64
+	if len(v) > max {
+		return strconv.Quote(v[:max]) + "..."
+	}
+	return strconv.Quote(v)
+}

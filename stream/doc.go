@@ -1,0 +1,26 @@
+// Package stream defines Pelican's wire format and its producer: the first
+// stage of the pipeline.
+//
+//	producer (this package) → Redis stream → consumer → middleware → handler
+//
+// A job is one Redis stream entry of flat field/value pairs. The format is a
+// versioned contract (version 1, documented in docs/wire-format.md) so that any
+// program with a plain Redis client can enqueue a job with nothing but XADD:
+//
+//	XADD jobs * type email.send payload '{"to":"a@example.com"}'
+//
+// [Encode] and [Decode] convert between a [Job] and entry fields. Decode never
+// panics on foreign input; an entry it cannot accept yields a [*DecodeError]
+// naming the field, and the consumer dead-letters such an entry with its raw
+// fields intact.
+//
+// [Producer] adds jobs with XADD, one at a time or many in one round trip.
+// [TrimAcked] removes entries that every consumer group has read and
+// acknowledged, and never an entry that is unread or pending.
+//
+// Keys: every key Pelican derives from a stream name ([KeysFor]) shares the
+// stream's Redis Cluster hash slot, so the consumer's scripts run unchanged on
+// Redis Cluster.
+//
+// This package imports neither the consumer nor any observability library.
+package stream
