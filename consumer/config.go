@@ -47,7 +47,9 @@ type Config struct {
 	// when missing.
 	Group string
 	// HeartbeatInterval is how often the visibility of running jobs is
-	// extended. It must be less than half of VisibilityTimeout. Defaults to
+	// extended. It must be less than half of VisibilityTimeout. Negative
+	// disables the heartbeat: a job running longer than VisibilityTimeout is
+	// then taken over and run again by another consumer. Defaults to
 	// VisibilityTimeout/3.
 	HeartbeatInterval time.Duration
 	// IdleConsumerTimeout: other consumers of the group idle this long with
@@ -138,7 +140,7 @@ func (c Config) resolve() (resolved, error) {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"Block", c.Block}, {"HeartbeatInterval", c.HeartbeatInterval}, {"MaxRuntime", c.MaxRuntime},
+	}{{"Block", c.Block}, {"MaxRuntime", c.MaxRuntime},
 		{"PromoteInterval", c.PromoteInterval}, {"SettleTimeout", c.SettleTimeout},
 		{"ShutdownTimeout", c.ShutdownTimeout}, {"SweepInterval", c.SweepInterval},
 		{"VisibilityTimeout", c.VisibilityTimeout}} {
@@ -203,7 +205,7 @@ func (c Config) resolve() (resolved, error) {
 		return bad("Config.DeadLetterStream (%q) must hash to the cluster slot of Config.Stream (%q); use a name with the same hash tag, such as %q",
 			c.DeadLetterStream, c.Stream, keys.Dead)
 	}
-	if c.HeartbeatInterval*2 >= c.VisibilityTimeout {
+	if c.HeartbeatInterval > 0 && c.HeartbeatInterval*2 >= c.VisibilityTimeout {
 		return bad("Config.HeartbeatInterval (%v) must be less than half of Config.VisibilityTimeout (%v)",
 			c.HeartbeatInterval, c.VisibilityTimeout)
 	}

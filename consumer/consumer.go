@@ -137,14 +137,15 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	defer stopWork()
 	var loops, side sync.WaitGroup
 	loops.Go(func() { c.readLoop(work) })
-	loops.Go(func() { c.every(work, r.SweepInterval, c.sweep) })
 	loops.Go(func() { c.every(work, r.PromoteInterval, c.promote) })
 	if r.IdleConsumerTimeout > 0 {
 		loops.Go(func() { c.every(work, max(r.IdleConsumerTimeout/4, time.Second), c.reap) })
 	}
 	beat, stopBeat := context.WithCancel(c.base)
 	defer stopBeat()
-	side.Go(func() { c.every(beat, r.HeartbeatInterval, c.heartbeat) })
+	if r.HeartbeatInterval > 0 {
+		side.Go(func() { c.every(beat, r.HeartbeatInterval, c.heartbeat) })
+	}
 	stopAcks := make(chan struct{})
 	side.Go(func() { c.ackLoop(stopAcks) })
 
@@ -296,9 +297,13 @@ func (c *Consumer) release(n int) {
 	}
 }
 
-// readLoop first re-reads this consumer's own pending entries (left by an
-// earlier run under the same name), then reads new entries, each time as
-// many as there are free slots.
+// readLoop is the consumer's one intake of work: it first re-reads this
+// consumer's own pending entries (left by an earlier run under the same
+// name), then reads new entries, each time as many as there are free slots,
+// and every SweepInterval sweeps for entries idle past the visibility
+// timeout. Reads and sweeps share the loop so that a blocked read never
+// holds the slots a sweep needs; a read blocks no longer than until the next
+// sweep is due.
 func (c *Consumer) readLoop(ctx context.Context) {
 	var backoff backoff
 	after := "0"
@@ -327,17 +332,24 @@ func (c *Consumer) readLoop(ctx context.Context) {
 			after = laterID(after, e.ID)
 		}
 	}
+	nextSweep := time.Now()
 	for ctx.Err() == nil {
 		n := c.acquire(ctx, c.r.Concurrency)
 		if n == 0 {
 			return
+		}
+		if !time.Now().Before(nextSweep) {
+			c.release(n)
+			c.sweep(ctx)
+			nextSweep = time.Now().Add(c.r.SweepInterval)
+			continue
 		}
 		res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
 			Group:    c.r.Group,
 			Consumer: c.r.Consumer,
 			Streams:  []string{c.r.Stream, ">"},
 			Count:    int64(n),
-			Block:    c.r.Block,
+			Block:    max(min(c.r.Block, time.Until(nextSweep)), time.Millisecond),
 		}).Result()
 		if err != nil {
 			c.release(n)
