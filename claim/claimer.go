@@ -56,9 +56,10 @@ func New(rdb redis.Scripter, stream, group, consumer string) *Claimer {
 
 // Sweep takes over entries idle for at least minIdle. Before each XAUTOCLAIM
 // it asks take how many entries it may claim (the free worker slots; take
-// reserves them), and stops when take returns 0, when the cursor has gone
-// round the whole list, or after [MaxCallsPerSweep] calls; the next Sweep
-// continues where this one stopped. Every reply goes to handle with the
+// reserves them), and stops when take returns 0, when the cursor reaches the
+// end of the pending-entries list, or after [MaxCallsPerSweep] calls; the
+// next Sweep continues where this one stopped (from the start of the list
+// after reaching its end). Every reply goes to handle with the
 // number of slots that were reserved for it (the caller releases those left
 // unused), the entries claimed, and the IDs found deleted.
 func (c *Claimer) Sweep(ctx context.Context, minIdle time.Duration, take func(max int) int, handle func(reserved int, claimed []Entry, deleted []string)) error {
