@@ -44,6 +44,9 @@ type Consumer struct {
 	ackDone chan struct{}
 	errLog  rateLog
 	stats   counters
+	// deadOnlys counts dead-letterings of entries that never reach a handler;
+	// only the read loop starts them, so Run can wait for them after it.
+	deadOnlys sync.WaitGroup
 
 	mu       sync.Mutex
 	inflight map[string]*task
@@ -55,7 +58,10 @@ type task struct {
 	job     *stream.Job
 	cancel  context.CancelCauseFunc
 	touched time.Time // last delivery or heartbeat; guarded by Consumer.mu
-	done    chan struct{}
+	// finished: the handler has returned and the job is being settled; no
+	// more heartbeats. Guarded by Consumer.mu.
+	finished bool
+	done     chan struct{}
 }
 
 // delivery is an entry this consumer now owns.
@@ -136,7 +142,11 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	work, stopWork := context.WithCancel(c.base)
 	defer stopWork()
 	var loops, side sync.WaitGroup
-	loops.Go(func() { c.readLoop(work) })
+	reader := newBlockingReader(c.rdb)
+	loops.Go(func() {
+		defer reader.close()
+		c.readLoop(work, reader)
+	})
 	loops.Go(func() { c.every(work, r.PromoteInterval, c.promote) })
 	if r.IdleConsumerTimeout > 0 {
 		loops.Go(func() { c.every(work, max(r.IdleConsumerTimeout/4, time.Second), c.reap) })
@@ -158,8 +168,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	case drainCtx = <-c.stopReq:
 	}
 	stopWork()
-	loops.Wait()
+	waitInterrupting(&loops, reader)
 	abandoned := c.drain(drainCtx)
+	c.deadOnlys.Wait()
 	stopBeat()
 	close(stopAcks)
 	side.Wait()
@@ -173,14 +184,16 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 // Shutdown stops a running consumer: it stops reading at once and waits for
 // running handlers until ctx is done, then cancels their contexts with cause
 // [ErrShutdown]. It returns when Run has returned, with Run's error, or with
-// ctx's error if Run has not returned shortly after the deadline.
+// ctx's error if Run has not returned shortly after the deadline. Called
+// before Run has started, it returns nil at once and Run, when called, stops
+// as soon as it has started.
 func (c *Consumer) Shutdown(ctx context.Context) error {
-	if !c.started.Load() {
-		return nil
-	}
 	select {
 	case c.stopReq <- ctx:
 	default:
+	}
+	if !c.started.Load() {
+		return nil // Run, when it starts, finds the request and drains at once
 	}
 	select {
 	case <-c.done:
@@ -192,6 +205,25 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 		return c.runErr
 	case <-time.After(time.Second):
 		return fmt.Errorf("consumer: shutdown: %w", ctx.Err())
+	}
+}
+
+// waitInterrupting waits for the intake loops to return, interrupting the
+// reader's blocked read until they do (a read may start just after an
+// interrupt).
+func waitInterrupting(loops *sync.WaitGroup, reader *blockingReader) {
+	done := make(chan struct{})
+	go func() {
+		loops.Wait()
+		close(done)
+	}()
+	for {
+		reader.interrupt()
+		select {
+		case <-done:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 
@@ -304,7 +336,7 @@ func (c *Consumer) release(n int) {
 // timeout. Reads and sweeps share the loop so that a blocked read never
 // holds the slots a sweep needs; a read blocks no longer than until the next
 // sweep is due.
-func (c *Consumer) readLoop(ctx context.Context) {
+func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
 	var backoff backoff
 	after := "0"
 	for ctx.Err() == nil {
@@ -344,13 +376,13 @@ func (c *Consumer) readLoop(ctx context.Context) {
 			nextSweep = time.Now().Add(c.r.SweepInterval)
 			continue
 		}
-		res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+		res, err := reader.read(ctx, &redis.XReadGroupArgs{
 			Group:    c.r.Group,
 			Consumer: c.r.Consumer,
 			Streams:  []string{c.r.Stream, ">"},
 			Count:    int64(n),
 			Block:    max(min(c.r.Block, time.Until(nextSweep)), time.Millisecond),
-		}).Result()
+		})
 		if err != nil {
 			c.release(n)
 			if errors.Is(err, redis.Nil) {
@@ -435,12 +467,24 @@ func (c *Consumer) reportLost(ids []string, when string) {
 // dispatch starts a job for d. The caller holds a slot for it, which the
 // job's goroutine releases.
 func (c *Consumer) dispatch(d delivery) {
+	c.mu.Lock()
+	_, running := c.inflight[d.id]
+	c.mu.Unlock()
+	if running {
+		// This consumer's own sweep reclaimed a job it is still running (its
+		// heartbeat is disabled or failed): the entry is still ours and the
+		// running task settles it; a second copy must not start.
+		c.release(1)
+		return
+	}
 	if d.deliveries > c.r.MaxDeliveries {
+		c.deadOnlys.Add(1)
 		go c.deadOnly(d, ReasonMaxDeliveries, fmt.Sprintf("delivered %d times, more than MaxDeliveries (%d); the job may crash its worker", d.deliveries, c.r.MaxDeliveries), d.deliveries)
 		return
 	}
 	job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes)
 	if err != nil {
+		c.deadOnlys.Add(1)
 		go c.deadOnly(d, ReasonMalformed, err.Error(), d.deliveries)
 		return
 	}
@@ -456,6 +500,7 @@ func (c *Consumer) dispatch(d delivery) {
 
 // deadOnly dead-letters an entry that never reaches the handler.
 func (c *Consumer) deadOnly(d delivery, reason, msg string, attempts int) {
+	defer c.deadOnlys.Done()
 	defer c.release(1)
 	c.settleDead(d.id, d.fields, reason, msg, attempts, nil)
 }
@@ -472,8 +517,13 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	stop()
 	cause := context.Cause(ctx)
 	c.mu.Lock()
-	delete(c.inflight, t.id)
+	t.finished = true
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.inflight, t.id)
+		c.mu.Unlock()
+	}()
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
 		c.r.Logger.Warn("job's lease was lost to another consumer; not settling it here", jobAttrs(t.job, err)...)
@@ -503,7 +553,7 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 	var ids []string
 	c.mu.Lock()
 	for id, t := range c.inflight {
-		if now.Sub(t.touched) >= c.r.HeartbeatInterval/2 {
+		if !t.finished && now.Sub(t.touched) >= c.r.HeartbeatInterval/2 {
 			ids = append(ids, id)
 		}
 	}
@@ -525,7 +575,7 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 		c.mu.Lock()
 		for _, id := range chunk {
 			t := c.inflight[id]
-			if t == nil {
+			if t == nil || t.finished {
 				continue
 			}
 			if gone[id] {

@@ -1,0 +1,72 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// blockingReader runs the blocking XREADGROUP. On a single-node client it
+// uses a connection of its own, whose CLIENT ID lets [blockingReader.interrupt]
+// end a blocked read at once with CLIENT UNBLOCK, so that shutdown does not
+// wait for Config.Block to pass. Elsewhere (Cluster, or a server without
+// CLIENT ID) reads go through the client and shutdown waits at most Block.
+type blockingReader struct {
+	rdb  redis.UniversalClient
+	conn *redis.Conn  // nil: read through rdb; used by the reading goroutine only
+	id   atomic.Int64 // CLIENT ID of conn; 0 when not known
+}
+
+func newBlockingReader(rdb redis.UniversalClient) *blockingReader {
+	r := &blockingReader{rdb: rdb}
+	if cl, ok := rdb.(*redis.Client); ok {
+		r.conn = cl.Conn()
+	}
+	return r
+}
+
+func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) ([]redis.XStream, error) {
+	if r.conn == nil {
+		return r.rdb.XReadGroup(ctx, args).Result()
+	}
+	if r.id.Load() == 0 {
+		id, err := r.conn.ClientID(ctx).Result()
+		var rerr redis.Error
+		switch {
+		case errors.As(err, &rerr): // the server has no CLIENT ID (miniredis)
+			_ = r.conn.Close()
+			r.conn = nil
+			return r.rdb.XReadGroup(ctx, args).Result()
+		case err != nil:
+			return nil, err
+		}
+		r.id.Store(id)
+	}
+	res, err := r.conn.XReadGroup(ctx, args).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		r.id.Store(0) // the connection may be replaced: ask again
+	}
+	return res, err
+}
+
+// interrupt ends a blocked read, if there is one, with CLIENT UNBLOCK.
+func (r *blockingReader) interrupt() {
+	id := r.id.Load()
+	if id == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = r.rdb.ClientUnblock(ctx, id).Err()
+}
+
+// close releases the reader's connection. Call it from the reading
+// goroutine, after its last read.
+func (r *blockingReader) close() {
+	if r.conn != nil {
+		_ = r.conn.Close()
+	}
+}
