@@ -61,6 +61,10 @@ type task struct {
 	// finished: the handler has returned and the job is being settled; no
 	// more heartbeats. Guarded by Consumer.mu.
 	finished bool
+	// orphaned: the entry was deleted or trimmed from the stream while the
+	// job ran, and has been reported lost; no more heartbeats. Guarded by
+	// Consumer.mu.
+	orphaned bool
 	done     chan struct{}
 }
 
@@ -467,35 +471,45 @@ func (c *Consumer) reportLost(ids []string, when string) {
 // dispatch starts a job for d. The caller holds a slot for it, which the
 // job's goroutine releases.
 func (c *Consumer) dispatch(d delivery) {
+	var (
+		t                 *task
+		ctx               context.Context
+		reason, deadError string
+	)
+	if d.deliveries > c.r.MaxDeliveries {
+		reason = ReasonMaxDeliveries
+		deadError = fmt.Sprintf("delivered %d times, more than MaxDeliveries (%d); the job may crash its worker", d.deliveries, c.r.MaxDeliveries)
+	} else if job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes); err != nil {
+		reason, deadError = ReasonMalformed, err.Error()
+	} else {
+		job.Stream = c.r.Stream
+		job.Deliveries = d.deliveries
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(c.base)
+		t = &task{id: d.id, job: job, cancel: cancel, touched: time.Now(), done: make(chan struct{})}
+	}
 	c.mu.Lock()
 	_, running := c.inflight[d.id]
+	if !running && t != nil {
+		c.inflight[d.id] = t
+	}
 	c.mu.Unlock()
-	if running {
-		// This consumer's own sweep reclaimed a job it is still running (its
-		// heartbeat is disabled or failed): the entry is still ours and the
-		// running task settles it; a second copy must not start.
+	switch {
+	case running:
+		// This consumer's own sweep reclaimed a job it is still running or
+		// acknowledging (its heartbeat is disabled or failed): the entry is
+		// still ours and the running task settles it; a second copy must
+		// not start.
+		if t != nil {
+			t.cancel(nil)
+		}
 		c.release(1)
-		return
-	}
-	if d.deliveries > c.r.MaxDeliveries {
+	case t == nil:
 		c.deadOnlys.Add(1)
-		go c.deadOnly(d, ReasonMaxDeliveries, fmt.Sprintf("delivered %d times, more than MaxDeliveries (%d); the job may crash its worker", d.deliveries, c.r.MaxDeliveries), d.deliveries)
-		return
+		go c.deadOnly(d, reason, deadError, d.deliveries)
+	default:
+		go c.work(ctx, t, d)
 	}
-	job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes)
-	if err != nil {
-		c.deadOnlys.Add(1)
-		go c.deadOnly(d, ReasonMalformed, err.Error(), d.deliveries)
-		return
-	}
-	job.Stream = c.r.Stream
-	job.Deliveries = d.deliveries
-	ctx, cancel := context.WithCancelCause(c.base)
-	t := &task{id: d.id, job: job, cancel: cancel, touched: time.Now(), done: make(chan struct{})}
-	c.mu.Lock()
-	c.inflight[d.id] = t
-	c.mu.Unlock()
-	go c.work(ctx, t, d)
 }
 
 // deadOnly dead-letters an entry that never reaches the handler.
@@ -519,16 +533,22 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	c.mu.Lock()
 	t.finished = true
 	c.mu.Unlock()
+	forget := true // leave the in-flight set now, or (acks) once acknowledged
 	defer func() {
-		c.mu.Lock()
-		delete(c.inflight, t.id)
-		c.mu.Unlock()
+		if forget {
+			c.mu.Lock()
+			delete(c.inflight, t.id)
+			c.mu.Unlock()
+		}
 	}()
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
 		c.r.Logger.Warn("job's lease was lost to another consumer; not settling it here", jobAttrs(t.job, err)...)
 	case err == nil:
-		c.queueAck(t.id)
+		// The job stays in the in-flight set until the ack loop has
+		// acknowledged it, so that this consumer's own sweep cannot start
+		// it again in between.
+		forget = !c.queueAck(t.id)
 	case errors.Is(cause, ErrShutdown):
 		c.giveBack([]string{t.id})
 	default:
@@ -553,7 +573,7 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 	var ids []string
 	c.mu.Lock()
 	for id, t := range c.inflight {
-		if !t.finished && now.Sub(t.touched) >= c.r.HeartbeatInterval/2 {
+		if !t.finished && !t.orphaned && now.Sub(t.touched) >= c.r.HeartbeatInterval/2 {
 			ids = append(ids, id)
 		}
 	}
@@ -572,21 +592,60 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 		for _, id := range lost {
 			gone[id] = true
 		}
+		deleted := c.deletedFromStream(ctx, lost)
+		var orphans []string
 		c.mu.Lock()
 		for _, id := range chunk {
 			t := c.inflight[id]
 			if t == nil || t.finished {
 				continue
 			}
-			if gone[id] {
+			switch {
+			case deleted[id]:
+				// Deleted or trimmed from the stream while running: no
+				// other consumer has it or can ever run it (its body is
+				// gone), and XCLAIM has just dropped it from the PEL. The
+				// handler goes on, so its work is not thrown away; the
+				// entry is reported lost, since nothing is left to settle.
+				t.orphaned = true
+				orphans = append(orphans, id)
+			case gone[id]:
 				c.stats.leaseLost.Add(1)
 				t.cancel(ErrLeaseLost)
-			} else {
+			default:
 				t.touched = now
 			}
 		}
 		c.mu.Unlock()
+		c.reportLost(orphans, "extending the visibility of running jobs")
 	}
+}
+
+// deletedFromStream returns which of ids are no longer entries of the
+// stream. On an error it returns none.
+func (c *Consumer) deletedFromStream(ctx context.Context, ids []string) map[string]bool {
+	if len(ids) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.r.HeartbeatInterval)
+	defer cancel()
+	cmds := make([]*redis.XMessageSliceCmd, len(ids))
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			cmds[i] = p.XRangeN(ctx, c.r.Stream, id, id, 1)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil
+	}
+	deleted := make(map[string]bool)
+	for i, cmd := range cmds {
+		if len(cmd.Val()) == 0 {
+			deleted[ids[i]] = true
+		}
+	}
+	return deleted
 }
 
 func (c *Consumer) promote(ctx context.Context) {

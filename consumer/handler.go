@@ -61,6 +61,9 @@ func (m *Mux) Handle(typ string, h Handler) *Mux {
 
 // HandleFunc registers f for jobs of type typ.
 func (m *Mux) HandleFunc(typ string, f func(ctx context.Context, job *stream.Job) error) *Mux {
+	if f == nil {
+		panic("consumer: Mux.HandleFunc needs a function")
+	}
 	return m.Handle(typ, HandlerFunc(f))
 }
 

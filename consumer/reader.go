@@ -16,16 +16,31 @@ import (
 // CLIENT ID) reads go through the client and shutdown waits at most Block.
 type blockingReader struct {
 	rdb  redis.UniversalClient
-	conn *redis.Conn  // nil: read through rdb; used by the reading goroutine only
-	id   atomic.Int64 // CLIENT ID of conn; 0 when not known
+	cl   *redis.Client // rdb, when it is a single-node client
+	conn *redis.Conn   // nil: read through rdb; used by the reading goroutine only
+	id   atomic.Int64  // CLIENT ID of conn; 0 when not known
 }
 
 func newBlockingReader(rdb redis.UniversalClient) *blockingReader {
 	r := &blockingReader{rdb: rdb}
 	if cl, ok := rdb.(*redis.Client); ok {
-		r.conn = cl.Conn()
+		r.cl, r.conn = cl, cl.Conn()
 	}
 	return r
+}
+
+// renew replaces the reader's connection after an error that was not a
+// Redis error reply: a redis.Conn whose connection failed (EOF, reset,
+// timeout) answers every later command with "Conn is in a bad state" and
+// never reconnects, so keeping it would end all reading after one Redis
+// restart.
+func (r *blockingReader) renew(err error) {
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return // an error reply (NOGROUP, UNBLOCKED): the connection is fine
+	}
+	_ = r.conn.Close()
+	r.conn = r.cl.Conn()
 }
 
 func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) ([]redis.XStream, error) {
@@ -41,6 +56,7 @@ func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) (
 			r.conn = nil
 			return r.rdb.XReadGroup(ctx, args).Result()
 		case err != nil:
+			r.renew(err)
 			return nil, err
 		}
 		r.id.Store(id)
@@ -48,6 +64,7 @@ func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) (
 	res, err := r.conn.XReadGroup(ctx, args).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		r.id.Store(0) // the connection may be replaced: ask again
+		r.renew(err)
 	}
 	return res, err
 }

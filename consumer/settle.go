@@ -41,11 +41,14 @@ func (c *Consumer) settleContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(c.base, c.r.SettleTimeout)
 }
 
-// queueAck hands a finished job to the ack loop.
-func (c *Consumer) queueAck(id string) {
+// queueAck hands a finished job to the ack loop, and reports whether it did
+// (not once Run has returned: the job then stays pending).
+func (c *Consumer) queueAck(id string) bool {
 	select {
 	case c.ackCh <- id:
-	case <-c.ackDone: // Run has returned; the job stays pending
+		return true
+	case <-c.ackDone:
+		return false
 	}
 }
 
@@ -94,6 +97,13 @@ func (c *Consumer) flushAcks(ids []string) {
 	if len(ids) == 0 {
 		return
 	}
+	defer func() {
+		c.mu.Lock()
+		for _, id := range ids {
+			delete(c.inflight, id)
+		}
+		c.mu.Unlock()
+	}()
 	lo, hi := ids[0], ids[0]
 	for _, id := range ids[1:] {
 		if compareIDs(id, lo) < 0 {
@@ -164,8 +174,10 @@ func (c *Consumer) settleRetry(job *stream.Job, d delivery, delay time.Duration,
 		next.LastError = truncate(errText(err))
 	}
 	fields := stream.Encode(&next)
+	// retry.lua compares the delay in ms: a positive delay under 1 ms is no
+	// delay, and must come with the fields of the entry to add at once.
 	args := []any{c.r.Group, c.r.Consumer, d.id, delay.Milliseconds()}
-	if delay > 0 {
+	if delay.Milliseconds() > 0 {
 		args = append(args, delayedMember(d.id, fields))
 	} else {
 		args = append(args, "")

@@ -1,0 +1,108 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+type email struct {
+	To string `msgpack:"to"`
+}
+
+// A consumer with a logging middleware and a Mux: two email jobs are sent,
+// and a job of a type nobody handles goes to the dead-letter stream.
+func Example() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+
+	// Enqueue.
+	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: "{mail}:jobs"})
+	for _, to := range []string{"bob@example.com", "ann@example.com"} {
+		job, _ := stream.NewJob("email.send", email{To: to})
+		if _, err := p.Enqueue(ctx, job); err != nil {
+			panic(err)
+		}
+	}
+	fax, _ := stream.NewJob("fax.send", email{To: "+1 555 0100"})
+	if _, err := p.Enqueue(ctx, fax); err != nil {
+		panic(err)
+	}
+
+	// Process.
+	var mu sync.Mutex
+	var sent, seen []string
+	logging := func(next consumer.Handler) consumer.Handler {
+		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			err := next.Process(ctx, job)
+			mu.Lock()
+			seen = append(seen, fmt.Sprintf("%s error=%v", job.Type, err != nil))
+			mu.Unlock()
+			return err
+		})
+	}
+	mux := consumer.NewMux().HandleFunc("email.send", func(ctx context.Context, job *stream.Job) error {
+		var e email
+		if err := job.Decode(&e); err != nil {
+			return err // a payload that does not decode is dead-lettered
+		}
+		mu.Lock()
+		sent = append(sent, e.To)
+		mu.Unlock()
+		return nil
+	})
+	c := consumer.New(rdb, consumer.Config{
+		Stream:   "{mail}:jobs",
+		Group:    "mailers",
+		Consumer: "worker-1",
+		Block:    50 * time.Millisecond,
+		Logger:   slog.New(slog.DiscardHandler),
+	}).Use(logging).Handle(mux)
+
+	go func() {
+		// Wait until every job is settled, then stop.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if s := c.Stats(); s.Acked+s.DeadLettered == 3 {
+				break
+			}
+		}
+		_ = c.Shutdown(ctx)
+	}()
+	if err := c.Run(ctx); err != nil {
+		panic(err)
+	}
+
+	// Summarise.
+	slices.Sort(sent)
+	slices.Sort(seen)
+	fmt.Println("sent:", sent)
+	fmt.Println("seen:", seen)
+	keys, _ := stream.KeysFor("{mail}:jobs")
+	dead, _ := rdb.XRange(ctx, keys.Dead, "-", "+").Result()
+	for _, d := range dead {
+		fmt.Println("dead:", d.Values["type"], d.Values["dead_reason"])
+	}
+	s := c.Stats()
+	fmt.Printf("acked=%d dead=%d pending=%d\n", s.Acked, s.DeadLettered,
+		rdb.XPending(ctx, "{mail}:jobs", "mailers").Val().Count)
+	// Output:
+	// sent: [ann@example.com bob@example.com]
+	// seen: [email.send error=false email.send error=false fax.send error=true]
+	// dead: fax.send unknown_type
+	// acked=2 dead=1 pending=0
+}

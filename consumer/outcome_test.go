@@ -1,0 +1,54 @@
+package consumer_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pelicanqueue/pelican/consumer"
+)
+
+func TestOutcome_Error(t *testing.T) {
+	t.Parallel()
+	inner := errors.New("upstream 503")
+	for _, tc := range []struct {
+		name           string
+		err            error
+		text           string
+		delay          time.Duration
+		reason         string
+		dead, counts   bool
+		unwrapsToInner bool
+	}{
+		{"Retry", consumer.Retry(2*time.Second, inner), "retry in 2s: upstream 503", 2 * time.Second, "", false, true, true},
+		{"RetryNoError", consumer.Retry(0, nil), "retry in 0s", 0, "", false, true, false},
+		{"Snooze", consumer.Snooze(time.Minute), "snooze 1m0s", time.Minute, "", false, false, false},
+		{"Dead", consumer.Dead("bad_input", inner), "dead-letter (bad_input): upstream 503", 0, "bad_input", true, false, true},
+		{"DeadDefaultReason", consumer.Dead("", nil), "dead-letter (permanent)", 0, consumer.ReasonPermanent, true, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var o *consumer.Outcome
+			if !errors.As(tc.err, &o) {
+				t.Fatalf("%v is not an *Outcome", tc.err)
+			}
+			if o.Error() != tc.text || o.Delay() != tc.delay || o.Reason() != tc.reason ||
+				o.IsDead() != tc.dead || o.CountsAttempt() != tc.counts {
+				t.Errorf("got %q delay %v reason %q dead %v counts %v; want %q %v %q %v %v", o.Error(), o.Delay(),
+					o.Reason(), o.IsDead(), o.CountsAttempt(), tc.text, tc.delay, tc.reason, tc.dead, tc.counts)
+			}
+			if errors.Is(tc.err, inner) != tc.unwrapsToInner {
+				t.Errorf("errors.Is(%v, inner) = %v, want %v", tc.err, !tc.unwrapsToInner, tc.unwrapsToInner)
+			}
+		})
+	}
+}
+
+func TestPanicError_Error(t *testing.T) {
+	t.Parallel()
+	p := &consumer.PanicError{Value: "boom", Stack: []byte("goroutine 1 [running]:")}
+	if got := p.Error(); !strings.HasPrefix(got, "panic: boom\n") || !strings.HasSuffix(got, "goroutine 1 [running]:") {
+		t.Errorf("Error() = %q; want the value, then the stack", got)
+	}
+}
