@@ -44,9 +44,6 @@ type Consumer struct {
 	ackDone chan struct{}
 	errLog  rateLog
 	stats   counters
-	// deadOnlys counts dead-letterings of entries that never reach a handler;
-	// only the read loop starts them, so Run can wait for them after it.
-	deadOnlys sync.WaitGroup
 
 	mu       sync.Mutex
 	inflight map[string]*task
@@ -174,7 +171,6 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	stopWork()
 	waitInterrupting(&loops, reader)
 	abandoned := c.drain(drainCtx)
-	c.deadOnlys.Wait()
 	stopBeat()
 	close(stopAcks)
 	side.Wait()
@@ -265,7 +261,14 @@ func (c *Consumer) drain(ctx context.Context) []string {
 		select {
 		case <-t.done:
 		default:
-			abandoned = append(abandoned, fmt.Sprintf("%s (job %s, type %s)", t.id, t.job.ID, t.job.Type))
+			c.mu.Lock()
+			job := t.job
+			c.mu.Unlock()
+			what := t.id
+			if job != nil {
+				what = fmt.Sprintf("%s (job %s, type %s)", t.id, job.ID, job.Type)
+			}
+			abandoned = append(abandoned, what)
 		}
 	}
 	return abandoned
@@ -469,65 +472,66 @@ func (c *Consumer) reportLost(ids []string, when string) {
 }
 
 // dispatch starts a job for d. The caller holds a slot for it, which the
-// job's goroutine releases.
+// job's goroutine releases. The entry is decoded there too, so that the
+// read loop spends as little as possible per entry.
 func (c *Consumer) dispatch(d delivery) {
-	var (
-		t                 *task
-		ctx               context.Context
-		reason, deadError string
-	)
-	if d.deliveries > c.r.MaxDeliveries {
-		reason = ReasonMaxDeliveries
-		deadError = fmt.Sprintf("delivered %d times, more than MaxDeliveries (%d); the job may crash its worker", d.deliveries, c.r.MaxDeliveries)
-	} else if job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes); err != nil {
-		reason, deadError = ReasonMalformed, err.Error()
-	} else {
-		job.Stream = c.r.Stream
-		job.Deliveries = d.deliveries
-		var cancel context.CancelCauseFunc
-		ctx, cancel = context.WithCancelCause(c.base)
-		t = &task{id: d.id, job: job, cancel: cancel, touched: time.Now(), done: make(chan struct{})}
-	}
+	ctx, cancel := context.WithCancelCause(c.base)
+	t := &task{id: d.id, cancel: cancel, touched: time.Now(), done: make(chan struct{})}
 	c.mu.Lock()
 	_, running := c.inflight[d.id]
-	if !running && t != nil {
+	if !running {
 		c.inflight[d.id] = t
 	}
 	c.mu.Unlock()
-	switch {
-	case running:
+	if running {
 		// This consumer's own sweep reclaimed a job it is still running or
 		// acknowledging (its heartbeat is disabled or failed): the entry is
 		// still ours and the running task settles it; a second copy must
 		// not start.
-		if t != nil {
-			t.cancel(nil)
-		}
+		cancel(nil)
 		c.release(1)
-	case t == nil:
-		c.deadOnlys.Add(1)
-		go c.deadOnly(d, reason, deadError, d.deliveries)
-	default:
-		go c.work(ctx, t, d)
+		return
 	}
+	go c.work(ctx, t, d)
 }
 
-// deadOnly dead-letters an entry that never reaches the handler.
-func (c *Consumer) deadOnly(d delivery, reason, msg string, attempts int) {
-	defer c.deadOnlys.Done()
-	defer c.release(1)
-	c.settleDead(d.id, d.fields, reason, msg, attempts, nil)
+// decode returns d's job, or the dead-letter reason and error of an entry
+// that must not reach the handler.
+func (c *Consumer) decode(d delivery) (job *stream.Job, reason, deadError string) {
+	if d.deliveries > c.r.MaxDeliveries {
+		return nil, ReasonMaxDeliveries, fmt.Sprintf("delivered %d times, more than MaxDeliveries (%d); the job may crash its worker",
+			d.deliveries, c.r.MaxDeliveries)
+	}
+	job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes)
+	if err != nil {
+		return nil, ReasonMalformed, err.Error()
+	}
+	job.Stream = c.r.Stream
+	job.Deliveries = d.deliveries
+	return job, "", ""
 }
 
 func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	defer c.release(1)
 	defer close(t.done)
 	defer t.cancel(nil)
+	job, reason, deadError := c.decode(d)
+	c.mu.Lock()
+	t.job = job
+	t.finished = job == nil
+	c.mu.Unlock()
+	if job == nil {
+		c.settleDead(d.id, d.fields, reason, deadError, d.deliveries, nil)
+		c.mu.Lock()
+		delete(c.inflight, t.id)
+		c.mu.Unlock()
+		return
+	}
 	var stop context.CancelFunc = func() {}
 	if c.r.MaxRuntime > 0 {
 		ctx, stop = context.WithTimeout(ctx, c.r.MaxRuntime)
 	}
-	err := c.call(ctx, t.job)
+	err := c.call(ctx, job)
 	stop()
 	cause := context.Cause(ctx)
 	c.mu.Lock()
@@ -543,7 +547,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	}()
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
-		c.r.Logger.Warn("job's lease was lost to another consumer; not settling it here", jobAttrs(t.job, err)...)
+		c.r.Logger.Warn("job's lease was lost to another consumer; not settling it here", jobAttrs(job, err)...)
 	case err == nil:
 		// The job stays in the in-flight set until the ack loop has
 		// acknowledged it, so that this consumer's own sweep cannot start
@@ -552,7 +556,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	case errors.Is(cause, ErrShutdown):
 		c.giveBack([]string{t.id})
 	default:
-		c.settleError(t.job, d, err)
+		c.settleError(job, d, err)
 	}
 }
 

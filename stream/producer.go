@@ -1,9 +1,12 @@
 package stream
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -33,6 +36,9 @@ type ProducerConfig struct {
 type Producer struct {
 	rdb redis.UniversalClient
 	cfg ProducerConfig
+
+	mu  sync.Mutex
+	rnd *bufio.Reader // crypto/rand, buffered: one read serves many job IDs
 }
 
 // NewProducer returns a producer for cfg.Stream. It panics if cfg.Stream is
@@ -44,7 +50,7 @@ func NewProducer(rdb redis.UniversalClient, cfg ProducerConfig) *Producer {
 	if cfg.MaxLen < 0 {
 		panic("stream: ProducerConfig.MaxLen must not be negative")
 	}
-	return &Producer{rdb: rdb, cfg: cfg}
+	return &Producer{rdb: rdb, cfg: cfg, rnd: bufio.NewReaderSize(rand.Reader, 4096)}
 }
 
 // Enqueue adds job to the stream and returns the new entry's ID. It sets
@@ -103,7 +109,9 @@ func (p *Producer) args(job *Job) (*redis.XAddArgs, error) {
 		return nil, errors.New("stream: job has no Type")
 	}
 	if job.ID == "" {
-		id, err := uuid.NewV7()
+		p.mu.Lock()
+		id, err := uuid.NewV7FromReader(p.rnd)
+		p.mu.Unlock()
 		if err != nil {
 			return nil, fmt.Errorf("stream: new job ID: %w", err)
 		}

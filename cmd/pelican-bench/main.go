@@ -1,7 +1,7 @@
 // Command pelican-bench measures Pelican against the raw go-redis floor on
 // one Redis, side by side in one run, and prints both rates and their ratio.
 //
-//	go run ./cmd/pelican-bench [-addr 127.0.0.1:6379] [-jobs 200000]
+//	go run ./cmd/pelican-bench [-addr 127.0.0.1:6379] [-jobs 200000] [-rounds 3]
 //
 // Floor: pipelined XADD in batches of 100; one loop of XREADGROUP COUNT 100
 // with a no-op handler and a plain XACK per batch (not owner-checked).
@@ -37,7 +37,9 @@ func main() {
 	rate := flag.Int("rate", 2000, "jobs/s for the latency phase")
 	latencyFor := flag.Duration("latency-for", 5*time.Second, "duration of the latency phase")
 	concurrency := flag.Int("concurrency", 200, "Pelican consumer concurrency")
+	rounds := flag.Int("rounds", 3, "rounds of floor and Pelican, alternating")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the Pelican consume phase to this file")
+	memprofile := flag.String("memprofile", "", "write an allocation profile of the Pelican consume phase to this file")
 	flag.Parse()
 
 	rdb := redis.NewClient(&redis.Options{Addr: *addr, PoolSize: 32})
@@ -46,26 +48,42 @@ func main() {
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		log.Fatalf("redis at %s: %v", *addr, err)
 	}
-	b := &bench{rdb: rdb, n: *jobs, concurrency: *concurrency, cpuprofile: *cpuprofile, payload: []byte(`{"user":12345,"action":"noop"}`)}
+	b := &bench{rdb: rdb, n: *jobs, concurrency: *concurrency, cpuprofile: *cpuprofile, memprofile: *memprofile, payload: []byte(`{"user":12345,"action":"noop"}`)}
 
 	fmt.Printf("pelican-bench: %d jobs per phase, Redis %s, GOMAXPROCS %d\n\n", *jobs, *addr, runtime.GOMAXPROCS(0))
-	var floorProd, floorCons, pelProd, pelCons, allocs float64
-	if os.Getenv("ONLY") == "" || os.Getenv("ONLY") == "floor" {
-		floorProd = b.floorProduce(ctx)
-		floorCons = b.floorConsume(ctx)
+	// Floor and Pelican alternate, round after round, so that a burst of
+	// load from elsewhere on the machine hits both; the table shows medians.
+	var floorProd, floorCons, pelProd, pelCons, floorAllocs, allocs []float64
+	for r := 0; r < *rounds; r++ {
+		floorProd = append(floorProd, b.floorProduce(ctx))
+		pelProd = append(pelProd, b.pelicanProduce(ctx))
+		fc, fa := b.floorConsume(ctx)
+		pc, pa := b.pelicanConsume(ctx)
+		floorCons, floorAllocs = append(floorCons, fc), append(floorAllocs, fa)
+		pelCons, allocs = append(pelCons, pc), append(allocs, pa)
+		fmt.Printf("round %d: enqueue %.0f vs %.0f (%.2f), consume %.0f vs %.0f (%.2f)\n",
+			r+1, floorProd[r], pelProd[r], pelProd[r]/floorProd[r], fc, pc, pc/fc)
 	}
-	if os.Getenv("ONLY") == "" || os.Getenv("ONLY") == "pelican" {
-		pelProd = b.pelicanProduce(ctx)
-		pelCons, allocs = b.pelicanConsume(ctx)
+	ratios := func(pel, floor []float64) float64 {
+		r := make([]float64, len(pel))
+		for i := range pel {
+			r[i] = pel[i] / floor[i]
+		}
+		return median(r)
 	}
-
-	fmt.Printf("%-10s %14s %14s %8s\n", "phase", "floor jobs/s", "pelican jobs/s", "ratio")
-	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "enqueue", floorProd, pelProd, pelProd/floorProd)
-	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "consume", floorCons, pelCons, pelCons/floorCons)
-	floorAll := 1 / (1/floorProd + 1/floorCons)
-	pelAll := 1 / (1/pelProd + 1/pelCons)
-	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "end2end", floorAll, pelAll, pelAll/floorAll)
-	fmt.Printf("\npelican consumer: %.1f allocs/job\n", allocs)
+	endToEnd := func(prod, cons []float64) []float64 {
+		r := make([]float64, len(prod))
+		for i := range prod {
+			r[i] = 1 / (1/prod[i] + 1/cons[i])
+		}
+		return r
+	}
+	floorAll, pelAll := endToEnd(floorProd, floorCons), endToEnd(pelProd, pelCons)
+	fmt.Printf("\nmedians of %d rounds (ratio: median of the rounds' ratios)\n%-10s %14s %14s %8s\n", *rounds, "phase", "floor jobs/s", "pelican jobs/s", "ratio")
+	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "enqueue", median(floorProd), median(pelProd), ratios(pelProd, floorProd))
+	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "consume", median(floorCons), median(pelCons), ratios(pelCons, floorCons))
+	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "end2end", median(floorAll), median(pelAll), ratios(pelAll, floorAll))
+	fmt.Printf("\nallocations per consumed job: floor %.1f, pelican %.1f\n", median(floorAllocs), median(allocs))
 
 	p50, p99, n := b.latency(ctx, *rate, *latencyFor)
 	fmt.Printf("latency at %d jobs/s (%d jobs): enqueue-to-handler p50 %v, p99 %v\n", *rate, n, p50, p99)
@@ -76,6 +94,7 @@ type bench struct {
 	n           int
 	concurrency int
 	cpuprofile  string
+	memprofile  string
 	payload     []byte
 }
 
@@ -111,7 +130,7 @@ func (b *bench) rawFill(ctx context.Context, s string) {
 	}
 }
 
-func (b *bench) floorConsume(ctx context.Context) float64 {
+func (b *bench) floorConsume(ctx context.Context) (rate, allocsPerJob float64) {
 	s := b.name("floor-consume")
 	defer b.cleanup(ctx, s)
 	b.rawFill(ctx, s)
@@ -119,6 +138,9 @@ func (b *bench) floorConsume(ctx context.Context) float64 {
 		log.Fatal(err)
 	}
 	noop := func(redis.XMessage) {}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
 	start := time.Now()
 	for done := 0; done < b.n; {
 		res, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{s, ">"}, Count: 100, Block: time.Second}).Result()
@@ -136,7 +158,9 @@ func (b *bench) floorConsume(ctx context.Context) float64 {
 		}
 		done += len(msgs)
 	}
-	return float64(b.n) / time.Since(start).Seconds()
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&after)
+	return float64(b.n) / elapsed.Seconds(), float64(after.Mallocs-before.Mallocs) / float64(b.n)
 }
 
 func (b *bench) pelicanFill(ctx context.Context, s string) {
@@ -195,6 +219,16 @@ func (b *bench) pelicanConsume(ctx context.Context) (rate, allocsPerJob float64)
 	}
 	elapsed := time.Since(start)
 	runtime.ReadMemStats(&after)
+	if b.memprofile != "" {
+		f, err := os.Create(b.memprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			log.Fatal(err)
+		}
+	}
 	cancel()
 	if err := <-errc; err != nil {
 		log.Fatal(err)
@@ -252,6 +286,12 @@ func (b *bench) latency(ctx context.Context, rate int, d time.Duration) (p50, p9
 	}
 	slices.Sort(lat)
 	return lat[len(lat)/2], lat[len(lat)*99/100], len(lat)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func envOr(k, def string) string {
