@@ -46,6 +46,8 @@ func TestFault_malformedEntries(t *testing.T) {
 		{name: "binary created_at from stdin", field: "created_at",
 			args:  []string{"v", "1", "type", "test", "payload", "{}", "created_at"},
 			stdin: []byte("\x00\xff\xfe12\x00\r\n")},
+		{name: "duplicate field names", field: "attempt",
+			args: []string{"type", "test", "attempt", "x", "payload", "{}", "attempt", "-1", "type", "other"}},
 		{name: "binary name and values", field: "max_attempts", goRaw: true,
 			args: []string{"type", "test", "v", "1", "payload", "\x00\xff\x80{", "\xff\x00name", "\x00", "max_attempts", "\xff\x001"}},
 	}
@@ -80,8 +82,8 @@ func TestFault_malformedEntries(t *testing.T) {
 		}
 		written[id], wantField[id] = fields, c.field
 	}
-	if len(valid) != 30 {
-		t.Fatalf("enqueued %d valid jobs, want 30", len(valid))
+	if len(valid) != 5*len(cases) {
+		t.Fatalf("enqueued %d valid jobs, want %d", len(valid), 5*len(cases))
 	}
 
 	eventually(t, 20*time.Second, func() (bool, string) {
