@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,44 +15,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/leakcheck"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
 // TestMain fails the package when goroutines of the consumer or the claimer
-// are still running after every test has returned (a leak check without a
-// dependency).
+// are still running after every test has returned.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if leaked := waitForLeaks(5 * time.Second); leaked != "" {
-			fmt.Fprintf(os.Stderr, "goroutines of package consumer leaked after the tests:\n%s\n", leaked)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// waitForLeaks polls until no goroutine runs code of the consumer or claim
-// packages, and returns the stacks of those still running at the deadline.
-func waitForLeaks(timeout time.Duration) string {
-	deadline := time.Now().Add(timeout)
-	for {
-		var leaked []string
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "pelican/consumer.(*Consumer)") || strings.Contains(g, "pelican/claim.") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 {
-			return ""
-		}
-		if time.Now().After(deadline) {
-			return strings.Join(leaked, "\n\n")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.")
 }
 
 var discard = slog.New(slog.DiscardHandler)

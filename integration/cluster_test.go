@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
@@ -175,7 +174,7 @@ func clusterQueue(t *testing.T, cc *redis.ClusterClient, name, addr string, all 
 	// one redirects.
 	clusterOnNode(t, name, addr, all)
 
-	var logs clusterBuffer
+	var logs syncBuffer
 	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	rec := &clusterRecorder{runs: make(map[string][]stream.Job), done: make(map[string]int)}
 	mux := consumer.NewMux().
@@ -230,12 +229,12 @@ func clusterQueue(t *testing.T, cc *redis.ClusterClient, name, addr string, all 
 			<-runErr
 		}
 		if t.Failed() {
-			t.Logf("consumer log of %s:\n%s", name, clusterTail(logs.String(), 6000))
+			t.Logf("consumer log of %s:\n%s", name, tail(logs.String(), 6000))
 		}
 	}()
 
 	wantDone := append([]*stream.Job{ghost, single, retry, slow}, batch...)
-	clusterEventually(t, 10*time.Second, func() (bool, string) {
+	eventually(t, 10*time.Second, func() (bool, string) {
 		for _, j := range wantDone {
 			if rec.finished(j.ID) == 0 {
 				return false, fmt.Sprintf("%s job %s (entry %s) not done", j.Type, j.ID, entryOf[j.ID])
@@ -423,7 +422,7 @@ func clusterClaimAPI(t *testing.T, cc *redis.ClusterClient, name string) {
 // it.
 func clusterShutdown(t *testing.T, cc *redis.ClusterClient, name string) {
 	const block = 1500 * time.Millisecond
-	var logs clusterBuffer
+	var logs syncBuffer
 	c := consumer.New(cc, consumer.Config{
 		Stream:            name,
 		Group:             "workers",
@@ -439,7 +438,7 @@ func clusterShutdown(t *testing.T, cc *redis.ClusterClient, name string) {
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(ctx) }()
 	// Wait until the consumer has joined the group and is in a blocked read.
-	clusterEventually(t, 5*time.Second, func() (bool, string) {
+	eventually(t, 5*time.Second, func() (bool, string) {
 		cs, err := cc.XInfoConsumers(t.Context(), name, "workers").Result()
 		return err == nil && len(cs) == 1, fmt.Sprintf("consumers %v, %v", cs, err)
 	})
@@ -806,47 +805,5 @@ func clusterEntryIDs(es []claim.Entry) []string {
 
 func clusterField(m redis.XMessage, name string) string {
 	s, _ := m.Values[name].(string)
-	return s
-}
-
-// clusterEventually polls cond every 20 ms until it holds, failing the test
-// with cond's last message after timeout.
-func clusterEventually(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// clusterBuffer is a bytes.Buffer safe for concurrent use, for logs.
-type clusterBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *clusterBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *clusterBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-func clusterTail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
 	return s
 }

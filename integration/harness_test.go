@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/leakcheck"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 	"github.com/redis/go-redis/v9"
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("PW_WORKER") == "1" {
 		os.Exit(workerMain())
 	}
-	os.Exit(m.Run())
+	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.")
 }
 
 // behaviour is a job's payload in these tests: what the worker's handler does.
