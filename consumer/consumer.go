@@ -686,9 +686,14 @@ func (c *Consumer) giveBack(ids []string) {
 	}
 	ctx, cancel := c.settleContext()
 	defer cancel()
-	if _, err := c.claimer.Release(ctx, c.r.VisibilityTimeout, ids...); err != nil {
+	gone, err := c.claimer.Release(ctx, c.r.VisibilityTimeout, ids...)
+	switch {
+	case err != nil:
 		c.errLog.error("giving back unfinished jobs failed; they will be reclaimed after the visibility timeout", err,
 			"stream", c.r.Stream, "entry_ids", ids)
+	case len(gone) > 0:
+		c.r.Logger.Warn("unfinished jobs to give back were no longer owned by this consumer (reclaimed by another, or deleted from the stream)",
+			"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "entry_ids", gone)
 	}
 }
 

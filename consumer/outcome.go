@@ -88,14 +88,14 @@ func (o *Outcome) CountsAttempt() bool { return o.kind == kindRetry }
 // (at once if delay <= 0). The attempt counts toward the job's maximum; when
 // none is left the job is dead-lettered with reason [ReasonExhausted].
 func Retry(delay time.Duration, err error) error {
-	return &Outcome{kind: kindRetry, delay: delay, err: err}
+	return &Outcome{kind: kindRetry, delay: max(delay, 0), err: err}
 }
 
 // Snooze returns an error that reschedules the job after delay without
 // counting an attempt: for a job that could not start (a lock held
 // elsewhere, a rate limit), not one that failed.
 func Snooze(delay time.Duration) error {
-	return &Outcome{kind: kindSnooze, delay: delay}
+	return &Outcome{kind: kindSnooze, delay: max(delay, 0)}
 }
 
 // Dead returns an error that dead-letters the job with the given reason

@@ -153,9 +153,13 @@ func (c *Consumer) settleError(job *stream.Job, d delivery, err error) {
 	case errors.Is(err, stream.ErrPayload):
 		c.settleDead(d.id, d.fields, ReasonPermanent, err.Error(), job.Attempt+1, job)
 	default:
-		c.settleRetry(job, d, c.r.RetryBackoff(job.Attempt), true, err)
+		c.settleRetry(job, d, backoffDelay, true, err)
 	}
 }
+
+// backoffDelay asks settleRetry for Config.RetryBackoff's delay, computed
+// only when the job has an attempt left.
+const backoffDelay time.Duration = -1
 
 // settleRetry schedules the job's next attempt after delay, or
 // dead-letters it when the attempt would exceed its maximum.
@@ -172,6 +176,9 @@ func (c *Consumer) settleRetry(job *stream.Job, d delivery, delay time.Duration,
 			return
 		}
 		next.LastError = truncate(errText(err))
+	}
+	if delay == backoffDelay {
+		delay = c.r.RetryBackoff(job.Attempt)
 	}
 	fields := stream.Encode(&next)
 	// retry.lua compares the delay in ms: a positive delay under 1 ms is no
