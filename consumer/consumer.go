@@ -139,6 +139,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	if err := c.createGroup(ctx, r.StartID); err != nil {
 		return err
 	}
+	c.checkEviction(ctx)
 
 	work, stopWork := context.WithCancel(c.base)
 	defer stopWork()
@@ -291,6 +292,21 @@ func (c *Consumer) createGroup(ctx context.Context, start string) error {
 		return fmt.Errorf("consumer: create group %s on %s: %w", c.r.Group, c.r.Stream, err)
 	}
 	return nil
+}
+
+// checkEviction warns when Redis may evict keys under memory pressure: an
+// evicted stream, pending-entries list or delayed set loses jobs silently.
+// A server that does not answer CONFIG GET (ACLs, managed services,
+// miniredis) is not checked.
+func (c *Consumer) checkEviction(ctx context.Context) {
+	policy, err := c.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return
+	}
+	if p, ok := policy["maxmemory-policy"]; ok && p != "noeviction" {
+		c.r.Logger.Warn("Redis may evict keys under memory pressure (maxmemory-policy is not noeviction); evicted streams or delayed sets lose jobs without a trace",
+			"stream", c.r.Stream, "maxmemory_policy", p)
+	}
 }
 
 // recoverGroup recreates a group that vanished (Redis restarted without
