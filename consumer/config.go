@@ -43,6 +43,11 @@ type Config struct {
 	// DeadLetterStream receives dead-lettered jobs. It must hash to the
 	// stream's cluster slot. Defaults to stream.KeysFor(Stream).Dead.
 	DeadLetterStream string
+	// DeadLetterMaxLen, when positive, bounds the dead-letter stream to about
+	// this many entries: each dead-lettering trims the oldest beyond it, and
+	// the number removed is logged and counted (Stats.DeadTrimmed), never
+	// dropped silently. Defaults to 0: unbounded.
+	DeadLetterMaxLen int64
 	// Group is the consumer group. Required. It is created, with MKSTREAM,
 	// when missing.
 	Group string
@@ -197,6 +202,9 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if c.DeadLetterStream == "" {
 		c.DeadLetterStream = keys.Dead
+	}
+	if c.DeadLetterMaxLen < 0 {
+		return bad("Config.DeadLetterMaxLen (%d) must not be negative", c.DeadLetterMaxLen)
 	}
 	if c.DeadLetterStream == c.Stream {
 		return bad("Config.DeadLetterStream (%q) must differ from Config.Stream", c.DeadLetterStream)

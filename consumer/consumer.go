@@ -63,6 +63,8 @@ type task struct {
 	// Consumer.mu.
 	orphaned bool
 	done     chan struct{}
+	// recorder is the job's DeadLetterRecorder, set by middleware.
+	recorder atomic.Pointer[DeadLetterRecorder]
 }
 
 // delivery is an entry this consumer now owns.
@@ -491,8 +493,9 @@ func (c *Consumer) reportLost(ids []string, when string) {
 // job's goroutine releases. The entry is decoded there too, so that the
 // read loop spends as little as possible per entry.
 func (c *Consumer) dispatch(d delivery) {
-	ctx, cancel := context.WithCancelCause(c.base)
-	t := &task{id: d.id, cancel: cancel, touched: time.Now(), done: make(chan struct{})}
+	t := &task{id: d.id, touched: time.Now(), done: make(chan struct{})}
+	ctx, cancel := context.WithCancelCause(context.WithValue(c.base, jobKey{}, t))
+	t.cancel = cancel
 	c.mu.Lock()
 	_, running := c.inflight[d.id]
 	if !running {
@@ -537,7 +540,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	t.finished = job == nil
 	c.mu.Unlock()
 	if job == nil {
-		c.settleDead(d.id, d.fields, reason, deadError, d.deliveries, nil)
+		c.settleDead(ctx, d.id, d.fields, reason, deadError, d.deliveries, nil)
 		c.mu.Lock()
 		delete(c.inflight, t.id)
 		c.mu.Unlock()
@@ -572,7 +575,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	case errors.Is(cause, ErrShutdown):
 		c.giveBack([]string{t.id})
 	default:
-		c.settleError(job, d, err)
+		c.settleError(ctx, job, d, err)
 	}
 }
 
@@ -671,7 +674,7 @@ func (c *Consumer) deletedFromStream(ctx context.Context, ids []string) map[stri
 func (c *Consumer) promote(ctx context.Context) {
 	const limit = 256
 	for range 8 {
-		n, err := promoteScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.keys.Delayed, c.r.DeadLetterStream}, limit).Int()
+		n, err := stream.PromoteDue(ctx, c.rdb, c.r.Stream, limit)
 		if err != nil {
 			c.errLog.error("moving due jobs from the delayed set failed", err, "stream", c.r.Stream)
 			return

@@ -119,3 +119,60 @@ type PanicError struct {
 func (p *PanicError) Error() string {
 	return fmt.Sprintf("panic: %v\n%s", p.Value, p.Stack)
 }
+
+// Error classes a handler (or a library it calls) can mark errors with.
+// The retry middleware turns them into [Retry] or [Dead] outcomes with its
+// policy; without it the consumer applies them itself: permanent errors are
+// dead-lettered with reason [ReasonPermanent], RetryAfter errors retried
+// after their delay, and every other error retried with Config.RetryBackoff.
+var (
+	// ErrPermanent matches (errors.Is) every error made by [Permanent].
+	ErrPermanent = errors.New("consumer: permanent failure")
+	// ErrRetryable matches every error made by [Retryable] or [RetryAfter].
+	ErrRetryable = errors.New("consumer: retryable failure")
+)
+
+// ClassifiedError is an error marked permanent or retryable, made by
+// [Permanent], [Retryable] or [RetryAfter].
+type ClassifiedError struct {
+	// Err is the marked error.
+	Err error
+	// Permanent reports that the job can never succeed.
+	Permanent bool
+	// After is how long to wait before the next attempt (RetryAfter), 0 for
+	// the policy's backoff.
+	After time.Duration
+}
+
+// Error implements error.
+func (e *ClassifiedError) Error() string {
+	if e.Err == nil {
+		if e.Permanent {
+			return ErrPermanent.Error()
+		}
+		return ErrRetryable.Error()
+	}
+	return e.Err.Error()
+}
+
+// Unwrap returns the marked error.
+func (e *ClassifiedError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrPermanent or ErrRetryable, as e is.
+func (e *ClassifiedError) Is(target error) bool {
+	return (target == ErrPermanent && e.Permanent) || (target == ErrRetryable && !e.Permanent)
+}
+
+// Permanent marks err as a failure that no retry can fix (a validation
+// error, a 4xx answer): the job is dead-lettered without another attempt.
+func Permanent(err error) error { return &ClassifiedError{Err: err, Permanent: true} }
+
+// Retryable marks err as a failure that a later attempt may not have (a
+// timeout, a 5xx answer).
+func Retryable(err error) error { return &ClassifiedError{Err: err} }
+
+// RetryAfter marks err as retryable after at least d, as a server's
+// Retry-After asks; the retry middleware caps d by its policy.
+func RetryAfter(d time.Duration, err error) error {
+	return &ClassifiedError{Err: err, After: max(d, 0)}
+}

@@ -5,8 +5,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"strconv"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/pelicanqueue/pelican/stream"
@@ -20,17 +19,17 @@ var (
 	retryLua string
 	//go:embed dead.lua
 	deadLua string
-	//go:embed promote.lua
-	promoteLua string
 
-	ackScript     = redis.NewScript(ackLua)
-	retryScript   = redis.NewScript(retryLua)
-	deadScript    = redis.NewScript(deadLua)
-	promoteScript = redis.NewScript(promoteLua)
+	ackScript   = redis.NewScript(ackLua)
+	retryScript = redis.NewScript(retryLua)
+	deadScript  = redis.NewScript(deadLua)
 )
 
 // maxAckBatch is the most entry IDs one ack script acknowledges.
 const maxAckBatch = 512
+
+// maxErrorHistory is how many of its latest errors a retried job carries.
+const maxErrorHistory = 5
 
 // maxErrorBytes bounds the error text stored with a retried or dead job.
 const maxErrorBytes = 4096
@@ -140,20 +139,25 @@ func (c *Consumer) flushAcks(ids []string) {
 }
 
 // settleError settles a job whose handler returned err.
-func (c *Consumer) settleError(job *stream.Job, d delivery, err error) {
-	var o *Outcome
-	var p *PanicError
+func (c *Consumer) settleError(ctx context.Context, job *stream.Job, d delivery, err error) {
+	var (
+		o  *Outcome
+		p  *PanicError
+		ce *ClassifiedError
+	)
 	switch {
-	case errors.As(err, &p):
-		c.settleDead(d.id, d.fields, ReasonPanic, err.Error(), job.Attempt+1, job)
 	case errors.As(err, &o) && o.IsDead():
-		c.settleDead(d.id, d.fields, o.Reason(), errText(o.Unwrap()), job.Attempt+1, job)
+		c.settleDead(ctx, d.id, d.fields, o.Reason(), errText(o.Unwrap()), job.Attempt+1, job)
 	case errors.As(err, &o):
-		c.settleRetry(job, d, o.Delay(), o.CountsAttempt(), o.Unwrap())
-	case errors.Is(err, stream.ErrPayload):
-		c.settleDead(d.id, d.fields, ReasonPermanent, err.Error(), job.Attempt+1, job)
+		c.settleRetry(ctx, job, d, o.Delay(), o.CountsAttempt(), o.Unwrap())
+	case errors.As(err, &p):
+		c.settleDead(ctx, d.id, d.fields, ReasonPanic, err.Error(), job.Attempt+1, job)
+	case errors.As(err, &ce) && ce.Permanent, errors.Is(err, stream.ErrPayload):
+		c.settleDead(ctx, d.id, d.fields, ReasonPermanent, err.Error(), job.Attempt+1, job)
+	case errors.As(err, &ce) && ce.After > 0:
+		c.settleRetry(ctx, job, d, ce.After, true, err)
 	default:
-		c.settleRetry(job, d, backoffDelay, true, err)
+		c.settleRetry(ctx, job, d, backoffDelay, true, err)
 	}
 }
 
@@ -163,7 +167,7 @@ const backoffDelay time.Duration = -1
 
 // settleRetry schedules the job's next attempt after delay, or
 // dead-letters it when the attempt would exceed its maximum.
-func (c *Consumer) settleRetry(job *stream.Job, d delivery, delay time.Duration, count bool, err error) {
+func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delivery, delay time.Duration, count bool, err error) {
 	next := *job
 	if count {
 		next.Attempt++
@@ -172,10 +176,17 @@ func (c *Consumer) settleRetry(job *stream.Job, d delivery, delay time.Duration,
 			maxAttempts = c.r.MaxAttempts
 		}
 		if next.Attempt >= maxAttempts {
-			c.settleDead(d.id, d.fields, ReasonExhausted, errText(err), next.Attempt, job)
+			c.settleDead(jobCtx, d.id, d.fields, ReasonExhausted, errText(err), next.Attempt, job)
 			return
 		}
 		next.LastError = truncate(errText(err))
+		next.ErrorHistory = append(slices.Clone(job.ErrorHistory), next.LastError)
+		if n := len(next.ErrorHistory); n > maxErrorHistory {
+			next.ErrorHistory = next.ErrorHistory[n-maxErrorHistory:]
+		}
+		if next.FirstFailedAt.IsZero() {
+			next.FirstFailedAt = time.Now()
+		}
 	}
 	if delay == backoffDelay {
 		delay = c.r.RetryBackoff(job.Attempt)
@@ -185,7 +196,7 @@ func (c *Consumer) settleRetry(job *stream.Job, d delivery, delay time.Duration,
 	// delay, and must come with the fields of the entry to add at once.
 	args := []any{c.r.Group, c.r.Consumer, d.id, delay.Milliseconds()}
 	if delay.Milliseconds() > 0 {
-		args = append(args, delayedMember(d.id, fields))
+		args = append(args, stream.EncodeDelayed(d.id, fields))
 	} else {
 		args = append(args, "")
 		args = append(args, fields...)
@@ -206,10 +217,20 @@ func (c *Consumer) settleRetry(job *stream.Job, d delivery, delay time.Duration,
 }
 
 // settleDead dead-letters entry id. job is nil for an entry that did not
-// decode.
-func (c *Consumer) settleDead(id string, fields map[string]any, reason, msg string, attempts int, job *stream.Job) {
-	args := make([]any, 0, 6+2*len(fields))
-	args = append(args, c.r.Group, c.r.Consumer, id, reason, truncate(msg), attempts)
+// decode. jobCtx carries the dead-letter recorder a middleware may have set.
+func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[string]any, reason, msg string, attempts int, job *stream.Job) {
+	info := DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream, DeadLetterStream: c.r.DeadLetterStream,
+		Reason: reason, Error: msg, Attempts: attempts}
+	rec := recorderOf(jobCtx)
+	var replace map[string]string
+	if rec != nil {
+		replace = rec.Replace(info)
+	}
+	args := make([]any, 0, 8+2*len(replace)+2*len(fields))
+	args = append(args, c.r.Group, c.r.Consumer, id, reason, truncate(msg), attempts, c.r.DeadLetterMaxLen, 2*len(replace))
+	for k, v := range replace {
+		args = append(args, k, v)
+	}
 	for k, v := range fields {
 		args = append(args, k, v)
 	}
@@ -220,49 +241,27 @@ func (c *Consumer) settleDead(id string, fields map[string]any, reason, msg stri
 	if job != nil {
 		attrs = append(attrs, "job_id", job.ID, "job_type", job.Type, "attempt", job.Attempt)
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		c.errLog.error("dead-lettering failed; the job stays pending and will be delivered again", err, attrs...)
-	case res == int64(-1):
+		return
+	}
+	reply, _ := res.([]any)
+	if len(reply) != 2 {
 		c.stats.stale.Add(1)
 		c.r.Logger.Warn("job to dead-letter was no longer owned by this consumer; not dead-lettered here", attrs...)
-	default:
-		c.stats.dead.Add(1)
-		c.r.Logger.Error("job dead-lettered", append(attrs, "dead_letter_stream", c.r.DeadLetterStream, "dead_entry_id", res)...)
+		return
 	}
-}
-
-// delayedMember encodes a job for the delayed set as promote.lua reads it:
-// "<source id>|" then each field as "<length>:<bytes>".
-func delayedMember(source string, fields []any) string {
-	var b strings.Builder
-	b.WriteString(source)
-	b.WriteByte('|')
-	for _, f := range fields {
-		var s string
-		switch v := f.(type) {
-		case string:
-			s = v
-		case []byte:
-			s = string(v)
-		default:
-			s = stringOf(v)
-		}
-		b.WriteString(strconv.Itoa(len(s)))
-		b.WriteByte(':')
-		b.WriteString(s)
+	info.DeadEntryID, _ = reply[0].(string)
+	c.stats.dead.Add(1)
+	c.r.Logger.Error("job dead-lettered", append(attrs, "dead_letter_stream", c.r.DeadLetterStream, "dead_entry_id", info.DeadEntryID)...)
+	if trimmed, _ := reply[1].(int64); trimmed > 0 {
+		c.stats.deadTrimmed.Add(uint64(trimmed))
+		c.r.Logger.Warn("the dead-letter stream is over Config.DeadLetterMaxLen: its oldest entries were removed",
+			"dead_letter_stream", c.r.DeadLetterStream, "removed", trimmed, "max_len", c.r.DeadLetterMaxLen)
 	}
-	return b.String()
-}
-
-func stringOf(v any) string {
-	switch x := v.(type) {
-	case int:
-		return strconv.Itoa(x)
-	case int64:
-		return strconv.FormatInt(x, 10)
+	if rec != nil {
+		rec.Recorded(jobCtx, info)
 	}
-	return ""
 }
 
 func errText(err error) string {

@@ -30,10 +30,13 @@ type Stats struct {
 	LeaseLost uint64
 	// ReadErrors is the number of failed reads from Redis.
 	ReadErrors uint64
+	// DeadTrimmed is the number of dead-letter entries removed because the
+	// dead-letter stream was over Config.DeadLetterMaxLen.
+	DeadTrimmed uint64
 }
 
 type counters struct {
-	acked, retried, dead, reclaimed, lost, stale, leaseLost, readErrors atomic.Uint64
+	acked, retried, dead, reclaimed, lost, stale, leaseLost, readErrors, deadTrimmed atomic.Uint64
 }
 
 // Stats returns the consumer's counters.
@@ -42,7 +45,7 @@ func (c *Consumer) Stats() Stats {
 	return Stats{
 		Acked: s.acked.Load(), Retried: s.retried.Load(), DeadLettered: s.dead.Load(),
 		Reclaimed: s.reclaimed.Load(), Lost: s.lost.Load(), Stale: s.stale.Load(),
-		LeaseLost: s.leaseLost.Load(), ReadErrors: s.readErrors.Load(),
+		LeaseLost: s.leaseLost.Load(), ReadErrors: s.readErrors.Load(), DeadTrimmed: s.deadTrimmed.Load(),
 	}
 }
 

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -62,6 +63,13 @@ func Encode(j *Job) []any {
 	add(FieldTraceParent, j.TraceParent)
 	add(FieldTraceState, j.TraceState)
 	add(FieldLastError, j.LastError)
+	if len(j.ErrorHistory) > 0 {
+		b, _ := json.Marshal(j.ErrorHistory)
+		f = append(f, FieldErrorHistory, string(b))
+	}
+	if !j.FirstFailedAt.IsZero() {
+		f = append(f, FieldFirstFailedAt, strconv.FormatInt(j.FirstFailedAt.UnixMilli(), 10))
+	}
 	for _, k := range sortedKeys(j.Headers) {
 		f = append(f, HeaderPrefix+k, j.Headers[k])
 	}
@@ -82,7 +90,8 @@ func isFormatField(name string) bool {
 	switch name {
 	case FieldVersion, FieldType, FieldPayload, FieldJobID, FieldIdempotencyKey,
 		FieldAttempt, FieldMaxAttempts, FieldCreatedAt, FieldLockKey,
-		FieldContentType, FieldTraceParent, FieldTraceState, FieldLastError:
+		FieldContentType, FieldTraceParent, FieldTraceState, FieldLastError,
+		FieldErrorHistory, FieldFirstFailedAt:
 		return true
 	}
 	h, ok := strings.CutPrefix(name, HeaderPrefix)
@@ -175,6 +184,16 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 			j.TraceState = v
 		case FieldLastError:
 			j.LastError = v
+		case FieldErrorHistory:
+			if json.Unmarshal([]byte(v), &j.ErrorHistory) != nil {
+				j.ErrorHistory = nil
+				reject(name, "not a JSON array of strings (got %s)", quote(v))
+			}
+		case FieldFirstFailedAt:
+			var ms int
+			if ms, err = nonNegative(v); err == nil && ms > 0 {
+				j.FirstFailedAt = time.UnixMilli(int64(ms))
+			}
 		default:
 			if h, ok := strings.CutPrefix(name, HeaderPrefix); ok && h != "" {
 				if j.Headers == nil {

@@ -23,6 +23,8 @@ const (
 	FieldTraceParent    = "traceparent"
 	FieldTraceState     = "tracestate"
 	FieldLastError      = "last_error"
+	FieldErrorHistory   = "error_history"
+	FieldFirstFailedAt  = "first_failed_at"
 	// HeaderPrefix starts the name of every user header field: h.<name>.
 	HeaderPrefix = "h."
 )
@@ -66,6 +68,12 @@ type Job struct {
 	TraceParent, TraceState string
 	// LastError is the error of the previous attempt, set on retries.
 	LastError string
+	// ErrorHistory holds the errors of the latest attempts, oldest first
+	// (the consumer keeps the last 5), set on retries. On the wire it is a
+	// JSON array of strings.
+	ErrorHistory []string
+	// FirstFailedAt is when the job's first attempt failed, set on retries.
+	FirstFailedAt time.Time
 	// Headers are the user headers (h.<name> fields), without the prefix.
 	Headers map[string]string
 	// Extra holds the fields this version of the format does not know. They

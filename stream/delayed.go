@@ -1,0 +1,126 @@
+package stream
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The delayed set holds jobs that must not run before a given time: retries
+// waiting for their backoff and jobs scheduled by producers. It is a sorted
+// set ([Keys].Delayed) whose score is the due time in Unix milliseconds and
+// whose member is the whole entry to add, encoded by [EncodeDelayed].
+// [PromoteDue] moves due jobs into the stream; every consumer runs it.
+
+var (
+	//go:embed promote.lua
+	promoteLua string
+	//go:embed schedule.lua
+	scheduleLua string
+
+	promoteScript  = redis.NewScript(promoteLua)
+	scheduleScript = redis.NewScript(scheduleLua)
+)
+
+// EncodeDelayed encodes the entry fields (as [Encode] returns them) of a job
+// for the delayed set: "<key>|" then each name and value as
+// "<byte length>:<bytes>". key makes the member unique: the source entry ID
+// of a retry, the job ID of a scheduled job.
+func EncodeDelayed(key string, fields []any) string {
+	var b strings.Builder
+	b.WriteString(key)
+	b.WriteByte('|')
+	for _, f := range fields {
+		var s string
+		switch v := f.(type) {
+		case string:
+			s = v
+		case []byte:
+			s = string(v)
+		case int:
+			s = strconv.Itoa(v)
+		case int64:
+			s = strconv.FormatInt(v, 10)
+		default:
+			s = fmt.Sprint(v)
+		}
+		b.WriteString(strconv.Itoa(len(s)))
+		b.WriteByte(':')
+		b.WriteString(s)
+	}
+	return b.String()
+}
+
+// DecodeDelayed is the inverse of [EncodeDelayed]: it returns the member's
+// key and fields.
+func DecodeDelayed(member string) (key string, fields []string, err error) {
+	key, rest, ok := strings.Cut(member, "|")
+	if !ok {
+		return "", nil, errors.New("stream: delayed member has no '|'")
+	}
+	for rest != "" {
+		n, tail, ok := strings.Cut(rest, ":")
+		l, err := strconv.Atoi(n)
+		if !ok || err != nil || l < 0 || l > len(tail) {
+			return "", nil, errors.New("stream: delayed member does not parse")
+		}
+		fields = append(fields, tail[:l])
+		rest = tail[l:]
+	}
+	if len(fields) == 0 || len(fields)%2 != 0 {
+		return "", nil, errors.New("stream: delayed member has no fields, or an odd number")
+	}
+	return key, fields, nil
+}
+
+// EnqueueAt schedules job to be added to the stream at t (by this
+// process's clock; see [Producer.EnqueueIn] for a delay measured by the
+// Redis clock). Scheduling the same job (same ID and fields) again moves
+// its time instead of adding a copy.
+func (p *Producer) EnqueueAt(ctx context.Context, job *Job, t time.Time) error {
+	return p.schedule(ctx, job, "at", t.UnixMilli())
+}
+
+// EnqueueIn schedules job to be added to the stream after d, measured by
+// the Redis server's clock, so that producers and consumers with skewed
+// clocks agree on when it is due.
+func (p *Producer) EnqueueIn(ctx context.Context, job *Job, d time.Duration) error {
+	return p.schedule(ctx, job, "in", d.Milliseconds())
+}
+
+func (p *Producer) schedule(ctx context.Context, job *Job, mode string, ms int64) error {
+	args, err := p.args(job)
+	if err != nil {
+		return err
+	}
+	keys, _ := KeysFor(p.cfg.Stream)
+	member := EncodeDelayed(job.ID, args.Values.([]any))
+	if err := scheduleScript.Run(ctx, p.rdb, []string{keys.Delayed}, mode, ms, member).Err(); err != nil {
+		return fmt.Errorf("stream: schedule %s job %s (outcome unknown): %w", job.Type, job.ID, err)
+	}
+	return nil
+}
+
+// PromoteDue moves up to limit jobs whose time has come (by the Redis
+// clock) from stream's delayed set into the stream, and returns how many it
+// moved. Each move is part of one script, so many processes may promote the
+// same set at once: no job is lost or added twice. A member that does not
+// parse goes to the stream's default dead-letter stream with reason
+// "malformed".
+func PromoteDue(ctx context.Context, rdb redis.Scripter, stream string, limit int) (int, error) {
+	keys, err := KeysFor(stream)
+	if err != nil {
+		return 0, err
+	}
+	n, err := promoteScript.Run(ctx, rdb, []string{keys.Stream, keys.Delayed, keys.Dead}, limit).Int()
+	if err != nil {
+		return 0, fmt.Errorf("stream: promote due jobs of %s: %w", stream, err)
+	}
+	return n, nil
+}
