@@ -341,6 +341,16 @@ func clusterQueue(t *testing.T, cc *redis.ClusterClient, name, addr string, all 
 
 	clusterCheckLogs(t, logs.String(), 2,
 		"reclaimed jobs idle past the visibility timeout", "removed idle consumers with no pending jobs", "job failed; retry scheduled")
+
+	// Scheduled jobs: EnqueueIn (Redis clock) and EnqueueAt, then promotion.
+	xlen0 := cc.XLen(ctx, name).Val()
+	clusterMust(t, "EnqueueIn", prod.EnqueueIn(ctx, &stream.Job{Type: "later"}, 0))
+	clusterMust(t, "EnqueueAt", prod.EnqueueAt(ctx, &stream.Job{Type: "later"}, time.Now().Add(-time.Second)))
+	moved, err := stream.PromoteDue(ctx, cc, name, 10)
+	clusterMust(t, "PromoteDue", err)
+	if after := cc.XLen(ctx, name).Val(); moved != 2 || after != xlen0+2 {
+		t.Errorf("PromoteDue moved %d jobs, stream grew %d -> %d; want 2 jobs added", moved, xlen0, after)
+	}
 }
 
 // clusterClaimAPI calls the claimer's methods directly on a stream of its
@@ -708,7 +718,7 @@ func clusterScripts(t *testing.T) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"consumer/ack.lua", "consumer/dead.lua", "consumer/promote.lua", "consumer/retry.lua",
+	for _, want := range []string{"consumer/ack.lua", "consumer/dead.lua", "consumer/retry.lua", "stream/promote.lua", "stream/schedule.lua",
 		"claim/readown.lua", "claim/reap.lua", "claim/reclaim.lua", "claim/touch.lua", "stream/trim.lua"} {
 		if out[want] == "" {
 			t.Errorf("embedded script %s not found; scripts found: %v", want, out)
