@@ -35,7 +35,51 @@ func TestMain(m *testing.M) {
 	if os.Getenv("PW_WORKER") == "1" {
 		os.Exit(workerMain())
 	}
+	if mode := os.Getenv("PW_MODE"); mode != "" {
+		main, ok := subprocessModes[mode]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "unknown PW_MODE %q\n", mode)
+			os.Exit(2)
+		}
+		os.Exit(main())
+	}
 	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.")
+}
+
+// subprocessModes are other subprocess programs of the test binary, run when
+// PW_MODE names them (test files register theirs in init functions).
+// Start one with startSubprocess.
+var subprocessModes = map[string]func() int{}
+
+// startSubprocess re-executes the test binary in mode with extra
+// environment variables; the process is SIGKILLed at the end of the test if
+// still running.
+func startSubprocess(t testing.TB, mode string, env ...string) *worker {
+	t.Helper()
+	if _, ok := subprocessModes[mode]; !ok {
+		t.Fatalf("no subprocess mode %q registered", mode)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), "PW_MODE="+mode), env...)
+	w := &worker{t: t, name: mode, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout = w.stderr
+	cmd.Stderr = w.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", mode, err)
+	}
+	go func() {
+		w.err = cmd.Wait()
+		close(w.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		<-w.done
+		if t.Failed() {
+			t.Logf("%s output:\n%s", mode, tail(w.stderr.String(), 4000))
+		}
+	})
+	return w
 }
 
 // behaviour is a job's payload in these tests: what the worker's handler does.
