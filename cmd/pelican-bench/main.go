@@ -38,6 +38,7 @@ func main() {
 	latencyFor := flag.Duration("latency-for", 5*time.Second, "duration of the latency phase")
 	concurrency := flag.Int("concurrency", 200, "Pelican consumer concurrency")
 	rounds := flag.Int("rounds", 3, "rounds of floor and Pelican, alternating")
+	policyJobs := flag.Int("policy-jobs", 50000, "jobs per failure-policy phase (0 skips them)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the Pelican consume phase to this file")
 	memprofile := flag.String("memprofile", "", "write an allocation profile of the Pelican consume phase to this file")
 	flag.Parse()
@@ -84,6 +85,10 @@ func main() {
 	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "consume", median(floorCons), median(pelCons), ratios(pelCons, floorCons))
 	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "end2end", median(floorAll), median(pelAll), ratios(pelAll, floorAll))
 	fmt.Printf("\nallocations per consumed job: floor %.1f, pelican %.1f\n", median(floorAllocs), median(allocs))
+
+	if *policyJobs > 0 {
+		b.policyPhases(ctx, *policyJobs, extraPolicyPhases()...)
+	}
 
 	p50, p99, n := b.latency(ctx, *rate, *latencyFor)
 	fmt.Printf("latency at %d jobs/s (%d jobs): enqueue-to-handler p50 %v, p99 %v\n", *rate, n, p50, p99)
