@@ -108,6 +108,7 @@ func TestCluster(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				clusterQueue(t, cc, name, masterOf(keyslot.Of(name)), cl.Addrs())
+				clusterDLQ(t, cc, name)
 			})
 		}
 		t.Run("shutdown", func(t *testing.T) {

@@ -31,9 +31,14 @@ var (
 // EncodeDelayed encodes the entry fields (as [Encode] returns them) of a job
 // for the delayed set: "<key>|" then each name and value as
 // "<byte length>:<bytes>". key makes the member unique: the source entry ID
-// of a retry, the job ID of a scheduled job.
+// of a retry, the job ID of a scheduled job. Since the first '|' ends the
+// key, a '|' in key is written as "%7C" (and '%' as "%25"); DecodeDelayed
+// restores it.
 func EncodeDelayed(key string, fields []any) string {
 	var b strings.Builder
+	if strings.ContainsAny(key, "|%") {
+		key = delayedKeyEscaper.Replace(key)
+	}
 	b.WriteString(key)
 	b.WriteByte('|')
 	for _, f := range fields {
@@ -57,12 +62,20 @@ func EncodeDelayed(key string, fields []any) string {
 	return b.String()
 }
 
+var (
+	delayedKeyEscaper   = strings.NewReplacer("%", "%25", "|", "%7C")
+	delayedKeyUnescaper = strings.NewReplacer("%25", "%", "%7C", "|")
+)
+
 // DecodeDelayed is the inverse of [EncodeDelayed]: it returns the member's
 // key and fields.
 func DecodeDelayed(member string) (key string, fields []string, err error) {
 	key, rest, ok := strings.Cut(member, "|")
 	if !ok {
 		return "", nil, errors.New("stream: delayed member has no '|'")
+	}
+	if strings.Contains(key, "%") {
+		key = delayedKeyUnescaper.Replace(key)
 	}
 	for rest != "" {
 		n, tail, ok := strings.Cut(rest, ":")

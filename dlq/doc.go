@@ -1,0 +1,48 @@
+// Package dlq operates a queue's dead-letter stream: it lists, filters,
+// inspects, replays and purges dead jobs. It is the operator's end of the
+// pipeline, and the API under the CLI.
+//
+//	producer → stream → consumer → middleware → handler
+//	              ↑        ↓ dead-letter (consumer/dead.lua)
+//	              └─ dlq (this package): Replay ← dead-letter stream
+//
+// A [DLQ] is bound to one source stream and its dead-letter stream
+// (stream.KeysFor(source).Dead unless configured), which must share the
+// source's Redis Cluster slot. [DLQ.List], [DLQ.Get] and [DLQ.Count] read
+// with XRANGE and never write. A [Filter] selects entries by job type,
+// dead_reason, dead_at range, dead_error text or entry ID.
+//
+// [DLQ.Replay] puts matching jobs back on the source stream. Invariants:
+//
+//   - Each entry moves in one script (move.lua): it checks that the replay
+//     still holds the lease and that the entry is still in the dead-letter
+//     stream, then XADDs the job to the source stream and XDELs the
+//     dead-letter entry. A crash at any point neither loses nor doubles a
+//     job: an entry is either still dead or replayed once.
+//   - The replayed job is the entry's raw fields without the dead_* fields
+//     and without attempt (so it starts again at attempt 0). It keeps job_id
+//     and idempotency_key (a job that had no job_id gets its first entry's
+//     ID, as a retry would) and gains replayed_from (the dead-letter entry ID)
+//     and replay_count. Its history (last_error, error_history,
+//     first_failed_at) is kept. See move.lua.
+//   - One replay per dead-letter stream at a time: a replay holds a lease (a
+//     key with a random token, SET NX PX, renewed every LeaseTTL/3); a second
+//     Replay gets [ErrReplayActive]. A replay whose lease expired or was
+//     taken stops at its next entry with [ErrLeaseLost]: every move checks
+//     the token.
+//   - A replay is resumable: it records in a cursor hash the filter, the last
+//     dead-letter ID it examined and the ID where it ends (the stream's last
+//     entry when it started, so jobs that die again during the replay are not
+//     replayed in a loop). A Replay with the same filter after a crash or a
+//     cancellation continues from the cursor instead of rescanning; one that
+//     reaches its end deletes the cursor.
+//   - Rate limiting is a schedule computed in Go: the n-th move starts no
+//     earlier than start + n/Rate.
+//
+// Keys: the lease is stream.DerivedKey(dead-letter stream, "replay") and
+// the cursor stream.DerivedKey(dead-letter stream, "replay:cursor"), so every
+// script's keys share one slot.
+//
+// This package imports stream and go-redis only; nothing imports it but the
+// CLI and applications.
+package dlq

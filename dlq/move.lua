@@ -1,0 +1,63 @@
+-- move.lua: move one dead-lettered entry back to its source stream, if this
+-- replay still holds the replay lease.
+-- KEYS[1]  dead-letter stream
+-- KEYS[2]  source stream
+-- KEYS[3]  replay lease key (string: the holder's token)
+-- KEYS[4]  replay cursor key (hash)
+-- ARGV[1]  lease token
+-- ARGV[2]  dead-letter entry ID
+-- ARGV[3]  cursor TTL in milliseconds
+-- Returns  the new source entry ID; 0 when the entry is no longer in the
+--          dead-letter stream (moved or purged before: only the cursor is
+--          written); -1 when the lease is not ours (nothing written).
+-- The copy keeps the entry's raw fields in order (duplicates and binary values
+-- intact) except every dead_* field, attempt (so the job starts again at
+-- attempt 0), replayed_from and replay_count, and appends:
+--   job_id        the dead_entry_id (or the DLQ entry ID) when the entry has
+--                 no non-empty job_id, so the job keeps its identity;
+--   created_at    the time of that ID when the entry has none (or "0");
+--   replayed_from the dead-letter entry ID;
+--   replay_count  one more than the entry's replay_count (absent: 0).
+-- The XADD, the XDEL and the cursor update happen together or not at all:
+-- every check comes before the first write, and XADD is the first write.
+if redis.call('GET', KEYS[3]) ~= ARGV[1] then return -1 end
+local e = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
+if #e == 0 then
+  redis.call('HSET', KEYS[4], 'last', ARGV[2])
+  redis.call('PEXPIRE', KEYS[4], ARGV[3])
+  return 0
+end
+local src = e[1][2]
+local f = {}
+local has_id, has_created, count, origin = false, false, 0, ARGV[2]
+for i = 1, #src - 1, 2 do
+  local name, v = src[i], src[i + 1]
+  if name == 'dead_entry_id' and string.match(v, '^%d+%-%d+$') then origin = v end
+  if name == 'replay_count' then
+    count = tonumber(v) or 0
+    if count ~= count or count < 0 or count > 1e15 then count = 0 end -- NaN, negative or absurd: start over
+    count = math.floor(count)
+  elseif string.sub(name, 1, 5) ~= 'dead_' and name ~= 'attempt' and name ~= 'replayed_from' then
+    if name == 'job_id' and v ~= '' then has_id = true end
+    if name == 'created_at' and v ~= '0' then has_created = true end
+    f[#f + 1] = name
+    f[#f + 1] = v
+  end
+end
+if not has_id then
+  f[#f + 1] = 'job_id'
+  f[#f + 1] = origin
+end
+if not has_created then
+  f[#f + 1] = 'created_at'
+  f[#f + 1] = string.match(origin, '^(%d+)')
+end
+f[#f + 1] = 'replayed_from'
+f[#f + 1] = ARGV[2]
+f[#f + 1] = 'replay_count'
+f[#f + 1] = string.format('%d', count + 1)
+local id = redis.call('XADD', KEYS[2], '*', unpack(f))
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[4], 'last', ARGV[2])
+redis.call('PEXPIRE', KEYS[4], ARGV[3])
+return id

@@ -1,0 +1,397 @@
+package dlq
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed move.lua
+	moveLua    string
+	moveScript = redis.NewScript(moveLua)
+
+	//go:embed cursor.lua
+	cursorLua    string
+	cursorScript = redis.NewScript(cursorLua)
+
+	//go:embed renew.lua
+	renewLua    string
+	renewScript = redis.NewScript(renewLua)
+
+	//go:embed release.lua
+	releaseLua    string
+	releaseScript = redis.NewScript(releaseLua)
+)
+
+// DefaultProgressInterval is the least time between two progress reports of
+// Replay and Purge.
+const DefaultProgressInterval = 500 * time.Millisecond
+
+// ReplayOptions configures one [DLQ.Replay].
+type ReplayOptions struct {
+	// DryRun only counts what would be replayed: it takes no lease and
+	// writes nothing.
+	DryRun bool
+	// Limit stops the replay after this many jobs; 0 means no limit. A replay
+	// stopped by Limit keeps its cursor: the next Replay with the same filter
+	// continues after it.
+	Limit int
+	// Progress, if set, is called from Replay's goroutine at most every
+	// ProgressInterval, and once at the end.
+	Progress func(ReplayProgress)
+	// ProgressInterval defaults to [DefaultProgressInterval].
+	ProgressInterval time.Duration
+	// Rate bounds the replay to this many jobs per second; 0 means no
+	// limit.
+	Rate float64
+}
+
+// ReplayProgress reports a running replay.
+type ReplayProgress struct {
+	// Done is how many jobs this call has replayed.
+	Done int
+	// Matched is how many matching entries this call has reached, Done
+	// included (and entries gone before they could be moved).
+	Matched int
+	// Total is how many entries matched when this call started (from its
+	// cursor, if it resumed), capped by Limit.
+	Total int
+	// Rate is the observed rate in jobs per second.
+	Rate float64
+	// Elapsed is the time since the first move.
+	Elapsed time.Duration
+	// ETA estimates the time left.
+	ETA time.Duration
+}
+
+// ReplayResult reports a finished (or stopped) replay.
+type ReplayResult struct {
+	// Replayed is how many jobs this call moved to the source stream (in a
+	// dry run: how many it would move).
+	Replayed int
+	// Missing is how many matching entries were gone when their turn came
+	// (purged, or moved by an earlier replay).
+	Missing int
+	// Examined is how many entries this call read.
+	Examined int
+	// Resumed reports that this call continued an interrupted replay from
+	// its cursor.
+	Resumed bool
+	// Elapsed is how long the moves took.
+	Elapsed time.Duration
+}
+
+// Replay moves the entries matching f, oldest first, back to the source
+// stream, each atomically (see the package documentation for what a
+// replayed job holds). It returns [ErrReplayActive] if another replay of
+// this dead-letter stream is running, and [ErrLeaseLost] if its lease
+// expires or is taken while it runs.
+//
+// Replay handles the entries that were in the dead-letter stream when it
+// started; jobs dead-lettered later, replayed ones that die again included,
+// wait for the next Replay. It is resumable: a Replay with the same filter
+// after a crash, a cancellation or a Limit continues where the last one
+// stopped, and reports Resumed. The cursor is kept for Config.CursorTTL.
+//
+// Jobs go to the DLQ's source stream, whatever their dead_stream field says.
+func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResult, error) {
+	var res ReplayResult
+	if o.Rate < 0 || math.IsNaN(o.Rate) || math.IsInf(o.Rate, 0) || o.Limit < 0 || o.ProgressInterval < 0 {
+		return res, fmt.Errorf("dlq: ReplayOptions: Rate (%v), Limit (%d) and ProgressInterval (%v) must not be negative",
+			o.Rate, o.Limit, o.ProgressInterval)
+	}
+	if o.ProgressInterval == 0 {
+		o.ProgressInterval = DefaultProgressInterval
+	}
+	if _, err := f.compile(); err != nil {
+		return res, err
+	}
+	fp := f.fingerprint()
+
+	if o.DryRun {
+		start, end, resumed, err := d.readCursor(ctx, fp)
+		if err != nil {
+			return res, err
+		}
+		res.Resumed = resumed
+		if end == "" {
+			return res, nil
+		}
+		err = d.scan(ctx, f, start, end, func(_ Entry, matched bool) (bool, error) {
+			res.Examined++
+			if matched {
+				res.Replayed++
+			}
+			return o.Limit == 0 || res.Replayed < o.Limit, nil
+		})
+		if o.Progress != nil {
+			o.Progress(ReplayProgress{Matched: res.Replayed, Total: res.Replayed})
+		}
+		return res, err
+	}
+
+	token, err := d.acquire(ctx)
+	if err != nil {
+		return res, err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	renewDone := make(chan struct{})
+	go func() {
+		defer close(renewDone)
+		d.renew(ctx, cancel, token)
+	}()
+	finished := false
+	defer func() {
+		cancel(nil)
+		<-renewDone
+		// Release even when ctx is cancelled; a failure leaves the lease to
+		// expire after LeaseTTL.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer rcancel()
+		done := "0"
+		if finished {
+			done = "1"
+		}
+		_ = releaseScript.Run(rctx, d.rdb, []string{d.lease, d.cursor}, token, done).Err()
+	}()
+	// leaseErr turns an error caused by the renewer's cancellation into
+	// ErrLeaseLost.
+	leaseErr := func(err error) error {
+		if c := context.Cause(ctx); errors.Is(c, ErrLeaseLost) {
+			return c
+		}
+		return err
+	}
+
+	start, end, resumed, err := d.readCursor(ctx, fp)
+	if err != nil {
+		return res, leaseErr(err)
+	}
+	res.Resumed = resumed
+	if end == "" {
+		finished = true
+		return res, nil
+	}
+	if !resumed {
+		n, err := cursorScript.Run(ctx, d.rdb, []string{d.lease, d.cursor}, token, d.cfg.CursorTTL.Milliseconds(),
+			"filter", fp, "end", end, "last", "").Int()
+		if err != nil {
+			return res, leaseErr(fmt.Errorf("dlq: write replay cursor: %w", err))
+		}
+		if n < 0 {
+			return res, ErrLeaseLost
+		}
+	}
+
+	total := 0
+	if o.Progress != nil {
+		if err := d.scan(ctx, f, start, end, func(_ Entry, matched bool) (bool, error) {
+			if matched {
+				total++
+			}
+			return o.Limit == 0 || total < o.Limit, nil
+		}); err != nil {
+			return res, leaseErr(err)
+		}
+	}
+
+	p := newPacer(o.Rate)
+	t0 := time.Now()
+	matched := 0
+	lastReport := time.Time{}
+	report := func(force bool) {
+		if o.Progress == nil || (!force && time.Since(lastReport) < o.ProgressInterval) {
+			return
+		}
+		lastReport = time.Now()
+		el := time.Since(t0)
+		pr := ReplayProgress{Done: res.Replayed, Matched: matched, Total: total, Elapsed: el}
+		if el > 0 {
+			pr.Rate = float64(res.Replayed) / el.Seconds()
+		}
+		if left := total - matched; left > 0 && pr.Rate > 0 {
+			pr.ETA = time.Duration(float64(left) / pr.Rate * float64(time.Second))
+		}
+		o.Progress(pr)
+	}
+	pendingCursor := "" // last examined ID not yet in the cursor
+	limited := false
+	err = d.scan(ctx, f, start, end, func(e Entry, ok bool) (bool, error) {
+		res.Examined++
+		if !ok {
+			pendingCursor = e.ID
+			if res.Examined%d.cfg.PageSize == 0 {
+				if err := d.advance(ctx, token, pendingCursor); err != nil {
+					return false, err
+				}
+				pendingCursor = ""
+			}
+			return true, nil
+		}
+		if o.Limit > 0 && matched == o.Limit {
+			res.Examined-- // left for the next replay
+			limited = true
+			return false, nil
+		}
+		if err := p.wait(ctx); err != nil {
+			return false, err
+		}
+		v, err := moveScript.Run(ctx, d.rdb, []string{d.dead, d.source, d.lease, d.cursor},
+			token, e.ID, d.cfg.CursorTTL.Milliseconds()).Result()
+		if err != nil {
+			return false, fmt.Errorf("dlq: replay %s: %w", e.ID, err)
+		}
+		pendingCursor = ""
+		matched++
+		switch v := v.(type) {
+		case string:
+			res.Replayed++
+		case int64:
+			if v < 0 {
+				return false, ErrLeaseLost
+			}
+			res.Missing++
+		}
+		report(false)
+		return true, nil
+	})
+	if err == nil && pendingCursor != "" {
+		err = d.advance(ctx, token, pendingCursor)
+	}
+	res.Elapsed = time.Since(t0)
+	report(true)
+	if err != nil {
+		return res, leaseErr(err)
+	}
+	finished = !limited
+	return res, nil
+}
+
+// readCursor returns the range a replay with filter fingerprint fp covers:
+// after the cursor's last ID up to its end when the cursor was written with
+// the same filter (resumed), otherwise the whole stream up to its newest
+// entry. end is "" when there is nothing to replay.
+func (d *DLQ) readCursor(ctx context.Context, fp string) (start, end string, resumed bool, err error) {
+	c, err := d.rdb.HGetAll(ctx, d.cursor).Result()
+	if err != nil {
+		return "", "", false, fmt.Errorf("dlq: read replay cursor: %w", err)
+	}
+	if c["filter"] == fp && c["end"] != "" {
+		start = "-"
+		if c["last"] != "" {
+			start = "(" + c["last"]
+		}
+		return start, c["end"], true, nil
+	}
+	end, err = d.lastID(ctx)
+	if err != nil {
+		return "", "", false, fmt.Errorf("dlq: XREVRANGE %s: %w", d.dead, err)
+	}
+	return "-", end, false, nil
+}
+
+// advance moves the cursor past entries that did not match.
+func (d *DLQ) advance(ctx context.Context, token, last string) error {
+	n, err := cursorScript.Run(ctx, d.rdb, []string{d.lease, d.cursor}, token, d.cfg.CursorTTL.Milliseconds(), "last", last).Int()
+	if err != nil {
+		return fmt.Errorf("dlq: write replay cursor: %w", err)
+	}
+	if n < 0 {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// acquire takes the replay lease and returns its token.
+func (d *DLQ) acquire(ctx context.Context) (string, error) {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	token := hex.EncodeToString(b[:])
+	ok, err := d.rdb.SetNX(ctx, d.lease, token, d.cfg.LeaseTTL).Result()
+	if err != nil {
+		return "", fmt.Errorf("dlq: take replay lease %s: %w", d.lease, err)
+	}
+	if !ok {
+		return "", fmt.Errorf("%w (lease %s)", ErrReplayActive, d.lease)
+	}
+	return token, nil
+}
+
+// renew extends the lease every LeaseTTL/3 until ctx ends, and cancels ctx
+// with ErrLeaseLost when the lease is no longer ours or has not been renewed
+// within LeaseTTL.
+func (d *DLQ) renew(ctx context.Context, cancel context.CancelCauseFunc, token string) {
+	every := d.cfg.LeaseTTL / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	renewed := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, rcancel := context.WithTimeout(ctx, every)
+		n, err := renewScript.Run(rctx, d.rdb, []string{d.lease}, token, d.cfg.LeaseTTL.Milliseconds()).Int()
+		rcancel()
+		switch {
+		case err == nil && n == 1:
+			renewed = time.Now()
+		case err == nil:
+			cancel(ErrLeaseLost)
+			return
+		case time.Since(renewed) >= d.cfg.LeaseTTL:
+			cancel(fmt.Errorf("%w: not renewed for %v: %v", ErrLeaseLost, d.cfg.LeaseTTL, err))
+			return
+		}
+	}
+}
+
+// pacer spaces moves by a schedule: the n-th starts no earlier than
+// start + n/rate. After a stall it does not burst to catch up by more than
+// burst.
+type pacer struct {
+	interval time.Duration
+	next     time.Time
+}
+
+const pacerBurst = 100 * time.Millisecond
+
+func newPacer(rate float64) *pacer {
+	if rate <= 0 {
+		return &pacer{}
+	}
+	return &pacer{interval: time.Duration(float64(time.Second) / rate)}
+}
+
+func (p *pacer) wait(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return context.Cause(ctx)
+	}
+	if p.interval == 0 {
+		return nil
+	}
+	now := time.Now()
+	switch {
+	case p.next.IsZero() || now.Sub(p.next) > pacerBurst:
+		p.next = now
+	case p.next.After(now):
+		t := time.NewTimer(p.next.Sub(now))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		case <-t.C:
+		}
+	}
+	p.next = p.next.Add(p.interval)
+	return nil
+}

@@ -1,0 +1,374 @@
+package dlq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/dlq"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// rawEntries returns key's entries with their raw fields in order.
+func rawEntries(t *testing.T, rdb *redis.Client, key string) [][2]any {
+	t.Helper()
+	res, err := rdb.Do(context.Background(), "XRANGE", key, "-", "+").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][2]any, len(res))
+	for i, r := range res {
+		p := r.([]any)
+		out[i] = [2]any{p[0], p[1]}
+	}
+	return out
+}
+
+func fieldMap(fields []any) map[string]any {
+	m := make(map[string]any)
+	for i := 0; i+1 < len(fields); i += 2 {
+		m[fields[i].(string)] = fields[i+1]
+	}
+	return m
+}
+
+// addJobs dead-letters n jobs with job IDs prefix-0 … and returns their
+// dead-letter entry IDs.
+func addJobs(t *testing.T, b *bundle, n int, prefix string) []string {
+	t.Helper()
+	ctx := context.Background()
+	cmds, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range n {
+			p.XAdd(ctx, &redis.XAddArgs{Stream: b.dead, Values: deadJob(
+				[]any{"type", "t", "payload", "{}", "job_id", fmt.Sprintf("%s-%d", prefix, i), "attempt", "3"},
+				"exhausted", "e", time.Now(), 3)})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, n)
+	for i, c := range cmds {
+		out[i] = c.(*redis.StringCmd).Val()
+	}
+	return out
+}
+
+// jobIDs returns the job_id of every entry of the source stream, in order.
+func jobIDs(t *testing.T, b *bundle) []string {
+	t.Helper()
+	msgs, err := b.rdb.XRange(context.Background(), b.source, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i], _ = m.Values["job_id"].(string)
+	}
+	return out
+}
+
+func TestDLQ_ReplayFields(t *testing.T) {
+	t.Parallel()
+	d, b := setup(t, dlq.Config{})
+	ctx := context.Background()
+	job := []any{"v", "1", "type", "email", "payload", "\x00\xffbin", "job_id", "J1", "idempotency_key", "IK1",
+		"attempt", "4", "last_error", "boom", "h.tenant", "acme", "origin", "cron", "origin", "cron2"}
+	full := b.add(t, deadJob(job, "exhausted", "boom", time.Now(), 5))
+	// A job written without job_id and created_at (as redis-cli would), that
+	// died on its first attempt, and one replayed twice before.
+	bare := b.add(t, deadJob([]any{"type", "sms", "payload", "{}"}, "permanent", "no", time.Now(), 1))
+	again := b.add(t, deadJob([]any{"type", "sms", "job_id", "J3", "replayed_from", "1-1", "replay_count", "2"}, "panic", "p", time.Now(), 1))
+
+	res, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Replayed != 3 || res.Missing != 0 || res.Examined != 3 || res.Resumed {
+		t.Errorf("result %+v, want 3 replayed of 3 examined", res)
+	}
+	if n := b.len(t, b.dead); n != 0 {
+		t.Errorf("%d entries left in the dead-letter stream", n)
+	}
+	for _, k := range []string{b.lease, b.cursor} {
+		if n, _ := b.rdb.Exists(ctx, k).Result(); n != 0 {
+			t.Errorf("key %s left after the replay", k)
+		}
+	}
+	got := rawEntries(t, b.rdb, b.source)
+	if len(got) != 3 {
+		t.Fatalf("source has %d entries, want 3", len(got))
+	}
+	wantFields := [][]any{
+		{"v", "1", "type", "email", "payload", "\x00\xffbin", "job_id", "J1", "idempotency_key", "IK1",
+			"last_error", "boom", "h.tenant", "acme", "origin", "cron", "origin", "cron2", "created_at", "1700000000000", "replayed_from", full, "replay_count", "1"},
+		{"type", "sms", "payload", "{}", "job_id", "1700000000000-7", "created_at", "1700000000000", "replayed_from", bare, "replay_count", "1"},
+		{"type", "sms", "job_id", "J3", "created_at", "1700000000000", "replayed_from", again, "replay_count", "3"},
+	}
+	for i, e := range got {
+		fields := e[1].([]any)
+		if fmt.Sprint(fields) != fmt.Sprint(wantFields[i]) {
+			t.Errorf("replayed entry %d:\n got %q\nwant %q", i, fields, wantFields[i])
+		}
+		j, err := stream.Decode(e[0].(string), fieldMap(fields))
+		if err != nil {
+			t.Errorf("replayed entry %d does not decode: %v", i, err)
+			continue
+		}
+		if j.Attempt != 0 {
+			t.Errorf("replayed entry %d: attempt %d, want 0", i, j.Attempt)
+		}
+		if i == 0 && (j.ID != "J1" || j.IdempotencyKey != "IK1" || string(j.Payload) != "\x00\xffbin") {
+			t.Errorf("replayed job: %+v", j)
+		}
+		if i == 1 && (j.ID != "1700000000000-7" || !j.CreatedAt.Equal(time.UnixMilli(1700000000000))) {
+			t.Errorf("replayed bare job: ID %q created %v, want its first entry's", j.ID, j.CreatedAt)
+		}
+	}
+}
+
+func TestDLQ_ReplayFilterDryRun(t *testing.T) {
+	t.Parallel()
+	d, b := setup(t, dlq.Config{PageSize: 4})
+	ctx := context.Background()
+	var want []string
+	for i := range 30 {
+		typ := "a"
+		if i%3 == 0 {
+			typ = "b"
+			want = append(want, fmt.Sprint(i))
+		}
+		b.add(t, deadJob([]any{"type", typ, "job_id", fmt.Sprint(i)}, "exhausted", "e", time.Now(), 1))
+	}
+	f := dlq.Filter{Types: []string{"b"}}
+	before := rawEntries(t, b.rdb, b.dead)
+	res, err := d.Replay(ctx, f, dlq.ReplayOptions{DryRun: true})
+	if err != nil || res.Replayed != 10 || res.Examined != 30 {
+		t.Fatalf("dry run: %+v, %v; want 10 of 30", res, err)
+	}
+	res, err = d.Replay(ctx, f, dlq.ReplayOptions{DryRun: true, Limit: 4})
+	if err != nil || res.Replayed != 4 {
+		t.Fatalf("dry run with Limit 4: %+v, %v", res, err)
+	}
+	if after := rawEntries(t, b.rdb, b.dead); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("dry run changed the dead-letter stream")
+	}
+	for _, k := range []string{b.source, b.lease, b.cursor} {
+		if n, _ := b.rdb.Exists(ctx, k).Result(); n != 0 {
+			t.Errorf("dry run wrote %s", k)
+		}
+	}
+	res, err = d.Replay(ctx, f, dlq.ReplayOptions{})
+	if err != nil || res.Replayed != 10 {
+		t.Fatalf("replay: %+v, %v", res, err)
+	}
+	if got := jobIDs(t, b); !slices.Equal(got, want) {
+		t.Errorf("replayed %v, want %v", got, want)
+	}
+	if n := b.len(t, b.dead); n != 20 {
+		t.Errorf("%d entries left, want the 20 that did not match", n)
+	}
+}
+
+func TestDLQ_ReplayActive(t *testing.T) {
+	t.Parallel()
+	d, b := setup(t, dlq.Config{LeaseTTL: 300 * time.Millisecond})
+	ctx := context.Background()
+	addJobs(t, b, 40, "j")
+	rctx, cancel := context.WithCancel(ctx)
+	var (
+		wg    sync.WaitGroup
+		first dlq.ReplayResult
+		ferr  error
+	)
+	wg.Go(func() { first, ferr = d.Replay(rctx, dlq.Filter{}, dlq.ReplayOptions{Rate: 50}) })
+	waitFor(t, 5*time.Second, func() bool { return b.len(t, b.source) >= 5 })
+
+	// Longer than the lease TTL: the running replay renews it.
+	for range 3 {
+		if _, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{}); !errors.Is(err, dlq.ErrReplayActive) {
+			t.Fatalf("second Replay: %v, want ErrReplayActive", err)
+		}
+		time.Sleep(150 * time.Millisecond) // spans the lease TTL on purpose
+	}
+	// Another filter is refused too: one replay per dead-letter stream.
+	if _, err := d.Replay(ctx, dlq.Filter{Types: []string{"x"}}, dlq.ReplayOptions{}); !errors.Is(err, dlq.ErrReplayActive) {
+		t.Fatalf("second Replay with another filter: %v, want ErrReplayActive", err)
+	}
+	cancel()
+	wg.Wait()
+	if !errors.Is(ferr, context.Canceled) || first.Replayed == 0 || first.Replayed >= 40 {
+		t.Fatalf("cancelled replay: %+v, %v", first, ferr)
+	}
+	// Cancelled: the lease is released at once, and the next replay resumes.
+	second, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !second.Resumed || first.Replayed+second.Replayed != 40 || second.Examined != 40-first.Replayed {
+		t.Errorf("resumed replay %+v after %+v, want the other %d jobs, nothing rescanned", second, first, 40-first.Replayed)
+	}
+	assertOnce(t, b, 40, "j")
+}
+
+func TestDLQ_ReplayLeaseStolen(t *testing.T) {
+	t.Parallel()
+	d, b := setup(t, dlq.Config{LeaseTTL: time.Second})
+	ctx := context.Background()
+	addJobs(t, b, 30, "j")
+	var (
+		wg  sync.WaitGroup
+		res dlq.ReplayResult
+		err error
+	)
+	wg.Go(func() { res, err = d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{Rate: 50}) })
+	waitFor(t, 5*time.Second, func() bool { return b.len(t, b.source) >= 3 })
+	if err := b.rdb.Set(ctx, b.lease, "someone-else", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// A move queued before the SET ran before it; every later one must see
+	// the token is not the replay's.
+	atSteal := b.len(t, b.source)
+	wg.Wait()
+	if !errors.Is(err, dlq.ErrLeaseLost) {
+		t.Fatalf("Replay after its lease was taken: %+v, %v; want ErrLeaseLost", res, err)
+	}
+	n := b.len(t, b.source)
+	if int(n) != res.Replayed || n != atSteal || n+b.len(t, b.dead) != 30 {
+		t.Errorf("source %d (%d when the lease was taken), dead %d, result %+v: want the replay to stop at once", n, atSteal, b.len(t, b.dead), res)
+	}
+	if v, _ := b.rdb.Get(ctx, b.lease).Result(); v != "someone-else" {
+		t.Errorf("the stopped replay released a lease it no longer held: %q", v)
+	}
+}
+
+func TestDLQ_ReplayRateProgress(t *testing.T) {
+	t.Parallel()
+	d, b := setup(t, dlq.Config{})
+	addJobs(t, b, 60, "j")
+	var reports []dlq.ReplayProgress
+	res, err := d.Replay(context.Background(), dlq.Filter{}, dlq.ReplayOptions{
+		Rate: 100, ProgressInterval: 100 * time.Millisecond,
+		Progress: func(p dlq.ReplayProgress) { reports = append(reports, p) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 60 moves at 100/s: the first at 0, the last at 590 ms.
+	if res.Replayed != 60 || res.Elapsed < 580*time.Millisecond || res.Elapsed > 700*time.Millisecond {
+		t.Errorf("%+v: want 60 jobs in about 0.6 s", res)
+	}
+	if len(reports) < 4 || len(reports) > 8 {
+		t.Errorf("%d progress reports in 0.6 s every 100 ms: %+v", len(reports), reports)
+	}
+	for i, p := range reports {
+		if p.Total != 60 || (i > 0 && p.Done < reports[i-1].Done) {
+			t.Errorf("report %d: %+v", i, p)
+		}
+	}
+	last := reports[len(reports)-1]
+	if last.Done != 60 || last.Matched != 60 || last.ETA != 0 || last.Rate < 80 || last.Rate > 110 {
+		t.Errorf("last report %+v", last)
+	}
+	if mid := reports[len(reports)/2]; mid.ETA <= 0 || mid.Rate < 70 || mid.Rate > 130 {
+		t.Errorf("a middle report %+v, want a rate near 100/s and an ETA", mid)
+	}
+	assertOnce(t, b, 60, "j")
+}
+
+func TestDLQ_ReplayResume(t *testing.T) {
+	t.Parallel()
+	d, b := setup(t, dlq.Config{PageSize: 5})
+	ctx := context.Background()
+	// 20 jobs, every other one matches.
+	for i := range 20 {
+		typ := []string{"a", "b"}[i%2]
+		b.add(t, deadJob([]any{"type", typ, "job_id", strconv.Itoa(i)}, "exhausted", "e", time.Now(), 1))
+	}
+	f := dlq.Filter{Types: []string{"a"}}
+	r1, err := d.Replay(ctx, f, dlq.ReplayOptions{Limit: 4})
+	if err != nil || r1.Replayed != 4 || r1.Resumed {
+		t.Fatalf("first replay: %+v, %v", r1, err)
+	}
+	// Dead-lettered after the replay began: not part of it.
+	late := b.add(t, deadJob([]any{"type", "a", "job_id", "late"}, "exhausted", "e", time.Now(), 1))
+	// Another filter does not disturb the cursor... until it runs: a replay
+	// with another filter starts over and takes the cursor for itself.
+	if r, err := d.Replay(ctx, f, dlq.ReplayOptions{DryRun: true}); err != nil || !r.Resumed || r.Replayed != 6 {
+		t.Fatalf("dry run of the resumed replay: %+v, %v; want the 6 left", r, err)
+	}
+	r2, err := d.Replay(ctx, f, dlq.ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first stopped at the 5th match (entry 8); entries 0-7 are not read again.
+	if !r2.Resumed || r2.Replayed != 6 || r2.Examined != 12 {
+		t.Errorf("resumed replay %+v, want 6 replayed of 12 examined", r2)
+	}
+	if got := jobIDs(t, b); !slices.Equal(got, []string{"0", "2", "4", "6", "8", "10", "12", "14", "16", "18"}) {
+		t.Errorf("replayed %v", got)
+	}
+	if _, err := d.Get(ctx, late); err != nil {
+		t.Errorf("the late entry: %v, want it still dead", err)
+	}
+	// The finished replay deleted its cursor: the next one starts over.
+	r3, err := d.Replay(ctx, f, dlq.ReplayOptions{})
+	if err != nil || r3.Resumed || r3.Replayed != 1 || r3.Examined != 11 {
+		t.Errorf("fresh replay %+v, %v; want the late job", r3, err)
+	}
+}
+
+func TestDLQ_ReplayIDs(t *testing.T) {
+	t.Parallel()
+	d, b := setup(t, dlq.Config{})
+	ids := addJobs(t, b, 10, "j")
+	res, err := d.Replay(context.Background(), dlq.Filter{IDs: []string{ids[7], ids[2], "1-1"}}, dlq.ReplayOptions{})
+	if err != nil || res.Replayed != 2 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if got := jobIDs(t, b); !slices.Equal(got, []string{"j-2", "j-7"}) {
+		t.Errorf("replayed %v", got)
+	}
+}
+
+// assertOnce checks that the source stream holds jobs prefix-0 …
+// prefix-(n-1) once each, and the dead-letter stream none.
+func assertOnce(t *testing.T, b *bundle, n int, prefix string) {
+	t.Helper()
+	seen := make(map[string]int)
+	for _, id := range jobIDs(t, b) {
+		seen[id]++
+	}
+	for i := range n {
+		if id := fmt.Sprintf("%s-%d", prefix, i); seen[id] != 1 {
+			t.Errorf("job %s replayed %d times", id, seen[id])
+		}
+	}
+	if len(seen) != n {
+		t.Errorf("%d distinct jobs in the source, want %d", len(seen), n)
+	}
+	if d := b.len(t, b.dead); d != 0 {
+		t.Errorf("%d entries left in the dead-letter stream", d)
+	}
+}
+
+// waitFor polls cond every 5 ms until it holds, and fails the test after
+// timeout.
+func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

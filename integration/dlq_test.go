@@ -1,0 +1,273 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/dlq"
+	"github.com/pelicanqueue/pelican/internal/keyslot"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// F24 (REDIS-NOTES.md §8): a rate-limited replay of 10,000 dead jobs,
+// SIGKILLed halfway and resumed; every job is replayed exactly once and a
+// concurrent replay is refused.
+
+func init() { subprocessModes["dlq-replay"] = dlqReplayMain }
+
+// dlqReplayMain replays the whole dead-letter stream of PW_STREAM on the
+// Redis at PW_ADDR at PW_RATE jobs/s with lease TTL PW_LEASE_TTL, printing
+// progress and the result.
+func dlqReplayMain() int {
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("PW_ADDR")})
+	defer rdb.Close()
+	rate, err := strconv.ParseFloat(os.Getenv("PW_RATE"), 64)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bad PW_RATE:", err)
+		return 2
+	}
+	ttl, err := time.ParseDuration(os.Getenv("PW_LEASE_TTL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bad PW_LEASE_TTL:", err)
+		return 2
+	}
+	d, err := dlq.New(rdb, os.Getenv("PW_STREAM"), dlq.Config{LeaseTTL: ttl})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	res, err := d.Replay(context.Background(), dlq.Filter{}, dlq.ReplayOptions{
+		Rate:     rate,
+		Progress: func(p dlq.ReplayProgress) { fmt.Fprintf(os.Stderr, "PW_DLQ_PROGRESS %+v\n", p) },
+	})
+	fmt.Fprintf(os.Stderr, "PW_DLQ_RESULT %+v %v\n", res, err)
+	if err != nil {
+		return 3
+	}
+	return 0
+}
+
+func TestDLQ_ReplayKillResume(t *testing.T) {
+	const (
+		jobs     = 10_000
+		rate     = 1000.0
+		leaseTTL = time.Second
+	)
+	s := newScenario(t, nil, "")
+	ctx := t.Context()
+	d, err := dlq.New(s.rdb, s.stream, dlq.Config{LeaseTTL: leaseTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, cursor := d.Keys()
+	t.Cleanup(func() { s.rdb.Del(context.Background(), lease, cursor) })
+
+	// 10,000 dead jobs, written as consumer/dead.lua writes them.
+	deadIDs := make(map[string]string, jobs) // dead-letter entry ID -> job_id
+	for i := 0; i < jobs; i += 1000 {
+		cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j := i; j < i+1000; j++ {
+				p.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.Dead, Values: []any{
+					"v", "1", "type", "test", "payload", `{}`, "job_id", fmt.Sprintf("job-%05d", j),
+					"idempotency_key", fmt.Sprintf("ik-%05d", j), "attempt", "4", "max_attempts", "5",
+					"dead_reason", "exhausted", "dead_error", "told to fail", "dead_at", strconv.FormatInt(time.Now().UnixMilli(), 10),
+					"dead_attempts", "5", "dead_consumer", "w1", "dead_entry_id", fmt.Sprintf("1700000000000-%d", j),
+					"dead_stream", s.stream,
+				}})
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, c := range cmds {
+			deadIDs[c.(*redis.StringCmd).Val()] = fmt.Sprintf("job-%05d", i+k)
+		}
+	}
+	xlen := func(key string) int {
+		n, err := s.rdb.XLen(ctx, key).Result()
+		if err != nil {
+			t.Fatalf("XLEN %s: %v", key, err)
+		}
+		return int(n)
+	}
+
+	// The first replayer, in a subprocess, is SIGKILLed at about 5,000.
+	w := startSubprocess(t, "dlq-replay", "PW_ADDR="+s.addr, "PW_STREAM="+s.stream,
+		"PW_RATE="+strconv.FormatFloat(rate, 'f', -1, 64), "PW_LEASE_TTL="+leaseTTL.String())
+	var (
+		t0, t1 time.Time
+		n0, n1 int
+		probed bool
+	)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n := xlen(s.stream)
+		now := time.Now()
+		if n > 0 && t0.IsZero() {
+			t0, n0 = now, n
+		}
+		if n >= 2500 && !probed {
+			// A concurrent replay is refused while the first runs.
+			if _, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{}); !errors.Is(err, dlq.ErrReplayActive) {
+				t.Fatalf("a replay concurrent with the running one: %v, want ErrReplayActive", err)
+			}
+			probed = true
+		}
+		if n >= jobs/2 {
+			t1, n1 = now, n
+			break
+		}
+		if now.After(deadline) {
+			t.Fatalf("the replayer moved %d jobs in 30 s", n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	w.kill()
+	killedAt := time.Now()
+	firstRate := float64(n1-n0) / t1.Sub(t0).Seconds()
+	nKill := xlen(s.stream)
+	t.Logf("replayer SIGKILLed after %d jobs; %d jobs in %v: %.0f jobs/s", nKill, n1-n0, t1.Sub(t0).Round(time.Millisecond), firstRate)
+	if got := nKill + xlen(s.keys.Dead); got != jobs {
+		t.Fatalf("after the kill: %d in the source + %d dead = %d, want %d", nKill, xlen(s.keys.Dead), got, jobs)
+	}
+
+	// Its lease outlives it by up to LeaseTTL: a new replay is refused until
+	// it expires.
+	pttl, err := s.rdb.PTTL(ctx, lease).Result()
+	if err != nil || pttl <= 0 {
+		t.Fatalf("lease TTL right after the kill: %v, %v; want the dead replayer's lease still held", pttl, err)
+	}
+	if _, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{}); !errors.Is(err, dlq.ErrReplayActive) {
+		t.Fatalf("a replay while the killed replayer's lease lives: %v, want ErrReplayActive", err)
+	}
+	eventually(t, leaseTTL+time.Second, func() (bool, string) {
+		n, err := s.rdb.Exists(ctx, lease).Result()
+		return err == nil && n == 0, fmt.Sprintf("lease %s still held (%v)", lease, err)
+	})
+	t.Logf("lease expired %v after the kill (LeaseTTL %v)", time.Since(killedAt).Round(time.Millisecond), leaseTTL)
+
+	// Resume in this process, to the end.
+	res, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resumeRate := float64(res.Replayed) / res.Elapsed.Seconds()
+	t.Logf("resumed replay: %+v: %.0f jobs/s; %d jobs replayed over %v including the kill and the lease expiry",
+		res, resumeRate, jobs, time.Since(t0).Round(time.Millisecond))
+	if !res.Resumed || res.Replayed != jobs-nKill || res.Missing != 0 || res.Examined != res.Replayed {
+		t.Errorf("resumed replay %+v, want the %d jobs left, resumed from the cursor without rescanning", res, jobs-nKill)
+	}
+	for name, r := range map[string]float64{"first": firstRate, "resumed": resumeRate} {
+		if r < 0.9*rate || r > 1.1*rate {
+			t.Errorf("%s replay ran at %.0f jobs/s, want %.0f ± 10%%", name, r, rate)
+		}
+	}
+
+	// Every job exactly once, attempts reset, dead_* gone, nothing left.
+	msgs, err := s.rdb.XRange(ctx, s.stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[string]int, jobs)
+	from := make(map[string]bool, jobs)
+	for _, m := range msgs {
+		j, err := stream.Decode(m.ID, m.Values)
+		if err != nil {
+			t.Fatalf("replayed entry %s does not decode: %v", m.ID, err)
+		}
+		seen[j.ID]++
+		src, _ := m.Values[dlq.FieldReplayedFrom].(string)
+		if deadIDs[src] != j.ID || from[src] {
+			t.Errorf("entry %s (job %s): replayed_from %q names job %q", m.ID, j.ID, src, deadIDs[src])
+		}
+		from[src] = true
+		if j.Attempt != 0 || j.IdempotencyKey != "ik-"+strings.TrimPrefix(j.ID, "job-") {
+			t.Errorf("job %s: attempt %d, idempotency key %q", j.ID, j.Attempt, j.IdempotencyKey)
+		}
+		for name := range m.Values {
+			if strings.HasPrefix(name, "dead_") {
+				t.Errorf("job %s kept field %s", j.ID, name)
+			}
+		}
+	}
+	for i := range jobs {
+		if id := fmt.Sprintf("job-%05d", i); seen[id] != 1 {
+			t.Errorf("job %s replayed %d times", id, seen[id])
+		}
+	}
+	if len(msgs) != jobs || len(seen) != jobs {
+		t.Errorf("%d entries, %d distinct jobs in the source; want %d", len(msgs), len(seen), jobs)
+	}
+	if n := xlen(s.keys.Dead); n != 0 {
+		t.Errorf("%d entries left in the dead-letter stream", n)
+	}
+	if n, _ := s.rdb.Exists(ctx, lease, cursor).Result(); n != 0 {
+		t.Errorf("the finished replay left its lease or cursor")
+	}
+}
+
+// clusterDLQ runs every script of package dlq (move, cursor, renew, release)
+// on the cluster cc, for a queue of its own in the slot of stream name (so
+// on the same master, without touching that queue's keys). TestCluster's
+// check requires every embedded script to run on every master: it can call
+// clusterDLQ for each of its queues.
+func clusterDLQ(t *testing.T, cc *redis.ClusterClient, name string) {
+	t.Helper()
+	ctx := t.Context()
+	source, err := stream.DerivedKey(name, "dlqtest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keyslot.Of(source) != keyslot.Of(name) {
+		t.Fatalf("%q is in slot %d, %q in slot %d", source, keyslot.Of(source), name, keyslot.Of(name))
+	}
+	d, err := dlq.New(cc, source, dlq.Config{LeaseTTL: 60 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, cursor := d.Keys()
+	t.Cleanup(func() {
+		for _, k := range []string{source, d.Stream(), lease, cursor} {
+			cc.Del(context.Background(), k)
+		}
+	})
+	for i := range 10 {
+		typ := "keep"
+		if i%2 == 0 {
+			typ = "replay"
+		}
+		if err := cc.XAdd(ctx, &redis.XAddArgs{Stream: d.Stream(), Values: []any{
+			"type", typ, "job_id", fmt.Sprintf("dlq-%d", i), "dead_reason", "exhausted", "dead_error", "e",
+		}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 5 moves at 100/s take 40 ms: the lease is renewed every 20 ms.
+	res, err := d.Replay(ctx, dlq.Filter{Types: []string{"replay"}}, dlq.ReplayOptions{Rate: 100})
+	if err != nil || res.Replayed != 5 {
+		t.Fatalf("dlq replay on the cluster: %+v, %v", res, err)
+	}
+	if n, err := d.Purge(ctx, dlq.Filter{}, dlq.PurgeOptions{}); err != nil || n != 5 {
+		t.Fatalf("dlq purge on the cluster: %d, %v", n, err)
+	}
+}
+
+// TestDLQ_Cluster runs the dlq scripts on a 3-master cluster, for queues
+// with and without a hash tag, on every master (CROSSSLOT would fail them).
+func TestDLQ_Cluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	cc := cl.Client(t)
+	for _, name := range []string{"orders", "payments", "{billing}:invoices"} {
+		t.Run(name, func(t *testing.T) { clusterDLQ(t, cc, name) })
+	}
+}

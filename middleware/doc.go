@@ -1,0 +1,84 @@
+// Package middleware holds the policies that sit between the consumer and the
+// user's handler: failure handling ([Retry], [DeadLetter], [Timeout]) and
+// overload protection (concurrency, rate limits, circuit breaking).
+//
+//	producer → stream → consumer → middleware (this package) → handler
+//
+// Every constructor has one shape: required dependencies as arguments and one
+// XxxConfig struct, returning a [consumer.Middleware]. Each one works with a
+// plain [consumer.HandlerFunc] and needs no Redis to be tested.
+//
+// # Outcome flow
+//
+// A handler, and every middleware, returns nil or an error; the error decides
+// the outcome. The decision is made in one place per concern, and the consumer
+// core applies the final outcome in one atomic script (acknowledge, schedule
+// the next attempt, or dead-letter), after checking that it still owns the
+// entry:
+//
+//   - The handler returns nil, a plain error, an error marked with
+//     [consumer.Permanent], [consumer.Retryable] or [consumer.RetryAfter], or
+//     an outcome it chose itself ([consumer.Retry], [consumer.Snooze],
+//     [consumer.Dead]).
+//   - [Retry] turns every error that is not yet an outcome into a retry or a
+//     dead-letter decision: it classifies it (a user function, the marks, a
+//     Retryable() bool method, timeouts, payload decode errors, then a
+//     configurable default), recovers panics (dead-letter or retry, by
+//     policy), computes the backoff of the job's type from the attempt stored
+//     in the job's entry, and on the last attempt dead-letters with reason
+//     "exhausted". Outcomes made by others pass through untouched, and so do
+//     errors returned after the consumer took the job back (shutdown, lease
+//     lost), so that the job stays pending for another consumer.
+//   - [DeadLetter] owns how dead jobs are recorded, whoever decides that they
+//     die. It registers a [consumer.DeadLetterRecorder] for the job
+//     ([consumer.SetDeadLetterRecorder]) before calling the next handler; when
+//     the core dead-letters the job (because the handler, Retry outside it,
+//     or the core itself decided so), it asks the recorder for field
+//     replacements (payload redaction) before its atomic script and calls it
+//     after the write (the OnDeadLetter alert, with the dead entry's ID). It
+//     also dead-letters jobs older than a maximum age, reason "expired",
+//     without running them.
+//   - [Timeout] cancels the job's context with cause [ErrJobTimeout], which
+//     Retry tells apart from the consumer's own cancellations.
+//   - Overload middleware (concurrency limits, rate limits, circuit breakers)
+//     return [consumer.Snooze]: the job is rescheduled without counting an
+//     attempt, since it did not fail, it did not start. Retry passes a snooze
+//     through untouched.
+//
+// Where dead jobs go and how many are kept is the consumer's
+// Config.DeadLetterStream and Config.DeadLetterMaxLen: entries trimmed from a
+// bounded dead-letter stream are logged and counted (Stats.DeadTrimmed), never
+// dropped silently. Each dead-letter entry holds the job's raw fields (with
+// the redactions), its error history (the last five errors) and
+// first_failed_at, and dead_reason, dead_error, dead_at, dead_attempts,
+// dead_consumer, dead_entry_id and dead_stream.
+//
+// # Order
+//
+// The first middleware given to [consumer.Consumer.Use] is the outermost. The
+// recommended chain is
+//
+//	c.Use(tracing, lock, idempotency,
+//		middleware.Retry(retryCfg),
+//		middleware.DeadLetter(deadCfg),
+//		overload...,                    // concurrency, rate limit, breaker
+//		middleware.Timeout(timeoutCfg),
+//	)
+//
+// Tracing is outermost so that its span covers everything, final outcome
+// included. The lock and idempotency checks come before any policy, so that a
+// job that must not run now is snoozed or skipped before it uses an attempt.
+// Retry sits outside everything that can fail, so that every error (the
+// handler's, a timeout, a panic) reaches its classification, and outside
+// DeadLetter, whose expiry decision it passes through as an outcome.
+// DeadLetter's recorder applies to the job whatever the position, but it must
+// run for the job to be registered: keep it before anything that may return
+// without calling the next handler. Overload middleware come next, so their
+// snoozes do not count attempts. Timeout is innermost, inside Retry so that
+// its timeouts are classified (retryable) and inside overload protection so
+// that the time spent waiting for a slot is not counted against the handler,
+// while a breaker still sees timeouts as failures. A test (order_test.go)
+// records the entry and exit order of this chain on a real consumer.
+//
+// The package imports consumer and stream; consumer never imports it.
+package middleware
