@@ -24,6 +24,7 @@ import (
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/internal/keyslot"
 	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -109,6 +110,7 @@ func TestCluster(t *testing.T) {
 				t.Parallel()
 				clusterQueue(t, cc, name, masterOf(keyslot.Of(name)), cl.Addrs())
 				clusterDLQ(t, cc, name)
+				clusterMiddleware(t, cc, name)
 			})
 		}
 		t.Run("shutdown", func(t *testing.T) {
@@ -817,4 +819,37 @@ func clusterEntryIDs(es []claim.Entry) []string {
 func clusterField(m redis.XMessage, name string) string {
 	s, _ := m.Values[name].(string)
 	return s
+}
+
+// clusterMiddleware runs the Redis-backed middleware (rate limit,
+// distributed concurrency with a lease renewal) on the master of name's
+// slot: their keys carry name's hash tag.
+func clusterMiddleware(t *testing.T, cc *redis.ClusterClient, name string) {
+	t.Helper()
+	ctx := t.Context()
+	tag := "{" + strings.Trim(name, "{}") + "}"
+	if i := strings.Index(name, "}"); strings.HasPrefix(name, "{") && i > 0 {
+		tag = name[:i+1]
+	}
+	rl, err := middleware.NewRateLimiter(cc, middleware.RateLimitConfig{Rate: 100, Per: time.Second, Prefix: tag + ":rate:"})
+	clusterMust(t, "NewRateLimiter", err)
+	if ok, _, err := rl.Allow(ctx, "api"); err != nil || !ok {
+		t.Fatalf("RateLimiter.Allow on the cluster = %v, %v", ok, err)
+	}
+	var ran bool
+	mw := middleware.DistributedConcurrency(cc, middleware.DistributedConcurrencyConfig{
+		Limit: 1, Lease: 60 * time.Millisecond, Prefix: tag + ":limit:",
+	})
+	h := mw(consumer.HandlerFunc(func(ctx context.Context, _ *stream.Job) error {
+		ran = true
+		select { // long enough for lease renewals (every Lease/3)
+		case <-time.After(150 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}))
+	if err := h.Process(ctx, &stream.Job{Type: "x"}); err != nil || !ran {
+		t.Fatalf("DistributedConcurrency on the cluster: ran %v, err %v", ran, err)
+	}
 }

@@ -1,0 +1,326 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/middleware"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// distSetup returns a key prefix of the test's own on the shared Redis,
+// deleted at the end of the test, and n clients to it: n "processes".
+func distSetup(t *testing.T, n int) (string, []*redis.Client) {
+	t.Helper()
+	admin := redistest.Shared(t)
+	prefix := redistest.Name(t) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := admin.Keys(ctx, prefix+"*").Result()
+		if len(keys) > 0 {
+			admin.Del(ctx, keys...)
+		}
+	})
+	clients := make([]*redis.Client, n)
+	for i := range clients {
+		clients[i] = redistest.Shared(t)
+	}
+	return prefix, clients
+}
+
+func TestDistributedConcurrency_neverExceedsLimitAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	prefix, clients := distSetup(t, 2)
+	const limit = 3
+	var running, maxSeen, ran, snoozed atomic.Int64
+	inner := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		n := running.Add(1)
+		for {
+			m := maxSeen.Load()
+			if n <= m || maxSeen.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+		running.Add(-1)
+		ran.Add(1)
+		return nil
+	})
+	var wg sync.WaitGroup
+	for _, rdb := range clients {
+		// Each "process" has its own client and its own middleware.
+		h := middleware.DistributedConcurrency(rdb, middleware.DistributedConcurrencyConfig{
+			Limit: limit, Prefix: prefix, Lease: 5 * time.Second,
+		})(inner)
+		for range 6 {
+			wg.Go(func() {
+				for range 40 {
+					err := h.Process(context.Background(), &stream.Job{Type: "export"})
+					if _, ok := snoozeDelay(err); ok {
+						snoozed.Add(1)
+					} else if err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	t.Logf("ran %d, snoozed %d, at most %d at once", ran.Load(), snoozed.Load(), maxSeen.Load())
+	if m := maxSeen.Load(); m != limit {
+		t.Errorf("at most %d jobs ran at once across both processes, want exactly the limit %d", m, limit)
+	}
+	if snoozed.Load() == 0 {
+		t.Error("no job was snoozed: the limit was never reached")
+	}
+	// Every slot was released.
+	if n := clients[0].ZCard(context.Background(), prefix+"type:export").Val(); n != 0 {
+		t.Errorf("%d holders left after every job returned", n)
+	}
+}
+
+func TestDistributedConcurrency_crashedHolderExpires(t *testing.T) {
+	t.Parallel()
+	prefix, clients := distSetup(t, 2)
+	const lease = 300 * time.Millisecond
+	cfg := middleware.DistributedConcurrencyConfig{Limit: 2, Prefix: prefix, Lease: lease}
+
+	// Process C holds one of the two slots for the whole test, renewing its
+	// lease (so the key itself never expires).
+	cStarted, cRelease := make(chan struct{}), make(chan struct{})
+	cDone := make(chan error, 1)
+	c := middleware.DistributedConcurrency(clients[1], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		close(cStarted)
+		select {
+		case <-cRelease:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}))
+	go func() { cDone <- c.Process(context.Background(), &stream.Job{Type: "export"}) }()
+	<-cStarted
+	defer func() {
+		close(cRelease)
+		if err := <-cDone; err != nil {
+			t.Errorf("process C: %v", err)
+		}
+	}()
+
+	// Process A takes the other slot, then loses Redis for good (as if it
+	// crashed): its lease is neither renewed nor released.
+	started := make(chan struct{})
+	causes := make(chan error, 1)
+	a := middleware.DistributedConcurrency(clients[0], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		close(started)
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return context.Cause(ctx)
+	}))
+	go func() { _ = a.Process(context.Background(), &stream.Job{Type: "export"}) }()
+	<-started
+	lost := time.Now()
+	_ = clients[0].Close()
+
+	// Process B is snoozed while A's lease lasts, and admitted once it has
+	// expired.
+	var ran atomic.Bool
+	b := middleware.DistributedConcurrency(clients[1], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		ran.Store(true)
+		return nil
+	}))
+	if _, ok := snoozeDelay(b.Process(context.Background(), &stream.Job{Type: "export"})); !ok || ran.Load() {
+		t.Fatal("process B ran while A and C held both slots")
+	}
+	eventually(t, 3*time.Second, func() bool {
+		err := b.Process(context.Background(), &stream.Job{Type: "export"})
+		return err == nil && ran.Load()
+	})
+	if took := time.Since(lost); took < lease-lease/3 {
+		t.Errorf("B admitted %v after A lost Redis, before A's lease (%v) could expire", took, lease)
+	}
+	t.Logf("B admitted %v after A lost Redis (lease %v)", time.Since(lost), lease)
+
+	// A's handler was told: its renewals failed for a whole lease.
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, middleware.ErrLimitLeaseLost) {
+			t.Errorf("A's context cause: %v, want ErrLimitLeaseLost", cause)
+		}
+	case <-time.After(3 * time.Second):
+		t.Error("A's handler context was not cancelled after its lease was lost")
+	}
+}
+
+func TestDistributedConcurrency_renewal(t *testing.T) {
+	t.Parallel()
+	t.Run("KeepsTheSlotOfALongJob", func(t *testing.T) {
+		t.Parallel()
+		prefix, clients := distSetup(t, 2)
+		const lease = 150 * time.Millisecond
+		cfg := middleware.DistributedConcurrencyConfig{Limit: 1, Prefix: prefix, Lease: lease}
+		started, release := make(chan struct{}), make(chan struct{})
+		a := middleware.DistributedConcurrency(clients[0], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			close(started)
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}))
+		res := make(chan error, 1)
+		go func() { res <- a.Process(context.Background(), &stream.Job{Type: "export"}) }()
+		<-started
+		b := middleware.DistributedConcurrency(clients[1], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			return errors.New("B ran while A held the only slot")
+		}))
+		// For 4 leases, B never gets in.
+		for end := time.Now().Add(4 * lease); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if _, ok := snoozeDelay(b.Process(context.Background(), &stream.Job{Type: "export"})); !ok {
+				t.Fatal("B was not snoozed: A's lease was not renewed")
+			}
+		}
+		close(release)
+		if err := <-res; err != nil {
+			t.Fatalf("A: %v", err)
+		}
+	})
+	t.Run("LostLeaseCancelsTheHandler", func(t *testing.T) {
+		t.Parallel()
+		prefix, clients := distSetup(t, 1)
+		cfg := middleware.DistributedConcurrencyConfig{Limit: 1, Prefix: prefix, Lease: 150 * time.Millisecond}
+		started := make(chan struct{})
+		h := middleware.DistributedConcurrency(clients[0], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			close(started)
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(5 * time.Second):
+				return errors.New("not cancelled")
+			}
+		}))
+		res := make(chan error, 1)
+		go func() { res <- h.Process(context.Background(), &stream.Job{Type: "export"}) }()
+		<-started
+		// Someone removes the holders (an operator, a failover that lost
+		// the write): the next renewal finds the lease gone.
+		clients[0].Del(context.Background(), prefix+"type:export")
+		if err := <-res; !errors.Is(err, middleware.ErrLimitLeaseLost) {
+			t.Fatalf("got %v, want ErrLimitLeaseLost", err)
+		}
+	})
+}
+
+func TestDistributedConcurrency_keys(t *testing.T) {
+	t.Parallel()
+	prefix, clients := distSetup(t, 1)
+	var ran atomic.Int64
+	release := make(chan struct{})
+	defer close(release)
+	h := middleware.DistributedConcurrency(clients[0], middleware.DistributedConcurrencyConfig{
+		Limit: 1, Prefix: prefix,
+		Key: func(job *stream.Job) string { return job.Headers["tenant"] },
+	})(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		ran.Add(1)
+		<-release
+		return nil
+	}))
+	job := func(tenant string) *stream.Job {
+		return &stream.Job{Type: "t", Headers: map[string]string{"tenant": tenant}}
+	}
+	// One slot per tenant; no tenant means no limit.
+	for _, tenant := range []string{"a", "b", "", ""} {
+		go func() { _ = h.Process(context.Background(), job(tenant)) }()
+	}
+	eventually(t, 3*time.Second, func() bool { return ran.Load() == 4 })
+	if _, ok := snoozeDelay(h.Process(context.Background(), job("a"))); !ok {
+		t.Fatal("a second job of tenant a was not snoozed")
+	}
+	n, _ := clients[0].ZCard(context.Background(), prefix+"a").Result()
+	if n != 1 {
+		t.Fatalf("tenant a has %d holders, want 1 under key %q", n, prefix+"a")
+	}
+}
+
+func TestDistributedConcurrency_config(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []middleware.DistributedConcurrencyConfig{{}, {Limit: -1}, {Limit: 1, Lease: time.Millisecond}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%+v: no panic", cfg)
+				}
+			}()
+			middleware.DistributedConcurrency(nil, cfg)
+		}()
+	}
+	// A Redis error fails the job (a retryable failure) without running it.
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+	h := middleware.DistributedConcurrency(rdb, middleware.DistributedConcurrencyConfig{Limit: 1})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error { return errors.New("ran") }))
+	err := h.Process(context.Background(), &stream.Job{Type: "x"})
+	var o *consumer.Outcome
+	if err == nil || errors.As(err, &o) || err.Error() == "ran" {
+		t.Fatalf("got %v, want the Redis error", err)
+	}
+}
+
+// eventually polls cond every 10 ms and fails the test if it is not true
+// within timeout.
+func eventually(t *testing.T, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(timeout); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("not within %v", timeout)
+		}
+	}
+}
+
+// At most one "export" job runs at once across every process sharing the
+// Redis; a second is snoozed.
+func ExampleDistributedConcurrency() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+
+	started, release := make(chan struct{}), make(chan struct{})
+	export := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		close(started)
+		<-release
+		return nil
+	})
+	h := middleware.DistributedConcurrency(rdb, middleware.DistributedConcurrencyConfig{
+		Limit: 1,
+		Lease: 10 * time.Second,
+	})(export)
+
+	done := make(chan error)
+	go func() { done <- h.Process(context.Background(), &stream.Job{Type: "export"}) }()
+	<-started
+	err = h.Process(context.Background(), &stream.Job{Type: "export"})
+	var o *consumer.Outcome
+	fmt.Println("second job snoozed:", errors.As(err, &o) && !o.CountsAttempt())
+	close(release)
+	fmt.Println("first job:", <-done)
+	fmt.Println("holders left:", rdb.ZCard(context.Background(), "pelican:limit:type:export").Val())
+	// Output:
+	// second job snoozed: true
+	// first job: <nil>
+	// holders left: 0
+}
