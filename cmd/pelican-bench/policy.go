@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -84,5 +85,17 @@ func (b *bench) policyPhases(ctx context.Context, n int, extra ...policyPhase) {
 	}
 }
 
-// extraPolicyPhases returns the phases of optional middleware.
-func extraPolicyPhases() []policyPhase { return nil }
+// extraPolicyPhases returns the phases of middleware on the failure paths:
+// an open circuit breaker, which reschedules every job without running it
+// (the first job's failure opens it for an hour).
+func extraPolicyPhases() []policyPhase {
+	errDown := errors.New("bench: downstream down")
+	return []policyPhase{{
+		name: "breaker-open",
+		mws: []consumer.Middleware{middleware.CircuitBreaker(middleware.CircuitBreakerConfig{
+			Threshold: 1, OpenFor: time.Hour,
+		})},
+		h:    func(context.Context, *stream.Job) error { return consumer.Retryable(errDown) },
+		done: func(st consumer.Stats, n int) bool { return st.Retried >= uint64(n) },
+	}}
+}
