@@ -23,6 +23,26 @@ if ! redis-cli -h "$host" -p "$port" ping >/dev/null 2>&1; then
 fi
 redis-cli -h "$host" -p "$port" ping >/dev/null
 
+# PostgreSQL for the SQL idempotency store's tests (PG_DSN overrides the default).
+if [ -z "${PG_DSN:-}" ]; then
+  if ! pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
+    if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+      echo "installing: postgresql"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    fi
+    echo "starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -1)" main start || true
+    for _ in $(seq 100); do pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1 && break; sleep 0.1; done
+  fi
+  if ! psql -h 127.0.0.1 -U postgres -d test -c 'select 1' >/dev/null 2>&1; then
+    # A fresh install: trust local TCP connections and create the test database.
+    hba=$(ls /etc/postgresql/*/main/pg_hba.conf | sort -V | tail -1)
+    grep -q '^host all all 127.0.0.1/32 trust' "$hba" || sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+    su postgres -c "psql -c 'select pg_reload_conf()'" >/dev/null
+    su postgres -c "createdb test" 2>/dev/null || true
+  fi
+fi
+
 if [ -x scripts/test-deps.sh ]; then scripts/test-deps.sh; fi
 
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
