@@ -265,8 +265,11 @@ func (c *Consumer) drain(ctx context.Context) []string {
 		case <-t.done:
 		default:
 			c.mu.Lock()
-			job := t.job
+			job, settling := t.job, t.finished
 			c.mu.Unlock()
+			if settling {
+				continue // the handler returned; its settlement is under way
+			}
 			what := t.id
 			if job != nil {
 				what = fmt.Sprintf("%s (job %s, type %s)", t.id, job.ID, job.Type)
