@@ -24,6 +24,7 @@ import (
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/internal/keyslot"
 	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/lockx"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -852,4 +853,13 @@ func clusterMiddleware(t *testing.T, cc *redis.ClusterClient, name string) {
 	if err := h.Process(ctx, &stream.Job{Type: "x"}); err != nil || !ran {
 		t.Fatalf("DistributedConcurrency on the cluster: ran %v, err %v", ran, err)
 	}
+
+	// lockx: the lock "pelican:lock:{<tag>}" lives on this master.
+	l, err := lockx.New(cc, lockx.Config{}).TryAcquire(ctx, strings.Trim(tag, "{}"), time.Second)
+	clusterMust(t, "lockx TryAcquire", err)
+	clusterMust(t, "lockx Extend", l.Extend(ctx, 2*time.Second))
+	if ttl, err := l.TTL(ctx); err != nil || ttl <= time.Second {
+		t.Fatalf("lockx TTL after Extend = %v, %v", ttl, err)
+	}
+	clusterMust(t, "lockx Release", l.Release(ctx))
 }

@@ -1,0 +1,458 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/lockx"
+	"github.com/pelicanqueue/pelican/middleware"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// Subprocess programs of the lock tests:
+//   - lock-mutex: 20 goroutines taking and releasing the lockx locks of 10
+//     keys for a while, and recording every critical section in Redis;
+//   - lock-worker: a consumer with the Lock middleware whose handler works
+//     for a while (ignoring its context, as a handler stalled at the wrong
+//     moment would), then writes to a fenced ledger in Redis with its lock's
+//     fencing token.
+func init() {
+	subprocessModes["lock-mutex"] = lockMutexMain
+	subprocessModes["lock-worker"] = lockWorkerMain
+}
+
+// lockEnv returns the environment variable k, exiting if it is missing.
+func lockEnv(k string) string {
+	v := os.Getenv(k)
+	if v == "" {
+		fmt.Fprintf(os.Stderr, "missing %s\n", k)
+		os.Exit(2)
+	}
+	return v
+}
+
+func lockEnvDur(k string) time.Duration {
+	d, err := time.ParseDuration(lockEnv(k))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bad %s: %v\n", k, err)
+		os.Exit(2)
+	}
+	return d
+}
+
+// Keys of the lock-mutex program under its prefix P:
+//
+//	P inside:<key>  holders of key right now, by INCR on entry, DECR on exit
+//	P fences:<key>  list of the fencing tokens of key's critical sections,
+//	                in the order they ran
+//	P overlaps      list of the critical sections that found another holder
+const lockMutexKeys = 10
+
+func lockMutexMain() int {
+	addr, prefix, name := lockEnv("LK_ADDR"), lockEnv("LK_PREFIX"), lockEnv("LK_NAME")
+	runFor := lockEnvDur("LK_FOR")
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 32})
+	defer rdb.Close()
+	locks := lockx.New(rdb, lockx.Config{Prefix: prefix + "lock:"})
+	ctx := context.Background()
+	end := time.Now().Add(runFor)
+	var acquired, conflicts atomic.Int64
+	var failed atomic.Bool
+	fail := func(format string, args ...any) {
+		failed.Store(true)
+		fmt.Fprintf(os.Stderr, name+": "+format+"\n", args...)
+	}
+	var wg sync.WaitGroup
+	for g := range 20 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				key := "k" + strconv.Itoa(rand.N(lockMutexKeys))
+				var l *lockx.Lock
+				var err error
+				if g%2 == 0 {
+					l, err = locks.TryAcquire(ctx, key, 5*time.Second)
+				} else {
+					l, err = locks.Acquire(ctx, key, 5*time.Second, lockx.AcquireOptions{Wait: 50 * time.Millisecond})
+				}
+				if errors.Is(err, lockx.ErrNotObtained) {
+					conflicts.Add(1)
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if err != nil {
+					fail("acquire %s: %v", key, err)
+					return
+				}
+				acquired.Add(1)
+				if n, err := rdb.Incr(ctx, prefix+"inside:"+key).Result(); err != nil || n != 1 {
+					rdb.RPush(ctx, prefix+"overlaps", fmt.Sprintf("%s %s fence %d: %d holders (%v)", name, key, l.Fence(), n, err))
+				}
+				rdb.RPush(ctx, prefix+"fences:"+key, l.Fence())
+				time.Sleep(time.Duration(rand.N(1000)) * time.Microsecond)
+				if err := rdb.Decr(ctx, prefix+"inside:"+key).Err(); err != nil {
+					fail("decr: %v", err)
+				}
+				if err := l.Release(ctx); err != nil {
+					fail("release %s fence %d: %v", key, l.Fence(), err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Printf("LK_DONE %d %d\n", acquired.Load(), conflicts.Load())
+	if failed.Load() {
+		return 1
+	}
+	return 0
+}
+
+// Two processes of 20 goroutines each take the locks of 10 keys for 2 s;
+// no critical section ever finds another holder of its key inside, and
+// each key's fencing tokens, in the order the critical sections ran, are
+// 1, 2, 3, ...: one per acquisition, none shared.
+func TestLock_mutualExclusion(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	prefix := redistest.Name(t) + ":"
+	t.Cleanup(func() { lockCleanup(rdb, prefix) })
+	env := []string{"LK_ADDR=" + redistest.Addr(), "LK_PREFIX=" + prefix, "LK_FOR=2s"}
+	ps := []*worker{
+		startSubprocess(t, "lock-mutex", append(env, "LK_NAME=p1")...),
+		startSubprocess(t, "lock-mutex", append(env, "LK_NAME=p2")...),
+	}
+	var total int64
+	for _, p := range ps {
+		if err := p.wait(20 * time.Second); err != nil {
+			t.Fatalf("%s: %v\n%s", p.name, err, p.stderr.String())
+		}
+		var acquired, conflicts int64
+		if _, err := fmt.Sscanf(p.stderr.String(), "LK_DONE %d %d", &acquired, &conflicts); err != nil {
+			t.Fatalf("%s printed %q", p.name, p.stderr.String())
+		}
+		t.Logf("process: %d acquisitions, %d conflicts", acquired, conflicts)
+		if acquired < 100 || conflicts < 100 {
+			t.Errorf("process acquired %d times and met %d conflicts; want both ≥ 100 for the test to mean anything", acquired, conflicts)
+		}
+		total += acquired
+	}
+	ctx := t.Context()
+	if o, _ := rdb.LRange(ctx, prefix+"overlaps", 0, -1).Result(); len(o) > 0 {
+		t.Errorf("%d overlapping holders, e.g. %v", len(o), o[:min(len(o), 5)])
+	}
+	var seen int64
+	for k := range lockMutexKeys {
+		key := "k" + strconv.Itoa(k)
+		fences, err := rdb.LRange(ctx, prefix+"fences:"+key, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, f := range fences {
+			if f != strconv.Itoa(i+1) {
+				t.Errorf("key %s: critical section %d has fencing token %s, want %d", key, i+1, f, i+1)
+				break
+			}
+		}
+		seen += int64(len(fences))
+	}
+	if seen != total {
+		t.Errorf("%d critical sections recorded, want %d", seen, total)
+	}
+}
+
+// lockLedgerScript is the fenced store of the lock-worker tests: it accepts
+// a write only if its fencing token is above every one it has accepted, as
+// a store that checks fencing tokens would.
+//
+// KEYS[1] the highest fencing token accepted; KEYS[2] the list of accepted
+// writes ("writer:token"); ARGV[1] the token; ARGV[2] the writer.
+// Returns 1 when the write is accepted, 0 when it is refused.
+var lockLedgerScript = redis.NewScript(`
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) <= last then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('RPUSH', KEYS[2], ARGV[2] .. ':' .. ARGV[1])
+return 1
+`)
+
+// lockWorkerMain runs a consumer with the Lock middleware. Its handler
+// records "start <consumer> <deliveries> <fence>" in the list P events,
+// works for LW_SLEEP whatever its context says, writes to the fenced ledger
+// ("write <consumer> <fence> accepted|refused"), and, when refused, waits
+// for the lock to be reported lost ("lost <consumer>: <cause>" or
+// "notlost <consumer>"); a handler that ends with its lock still held
+// records "held <consumer>".
+func lockWorkerMain() int {
+	prefix, me := lockEnv("LW_PREFIX"), lockEnv("LW_CONSUMER")
+	rdb := redis.NewClient(&redis.Options{Addr: lockEnv("LW_ADDR"), MaxRetries: -1})
+	defer rdb.Close()
+	sleep := lockEnvDur("LW_SLEEP")
+	event := func(ctx context.Context, format string, args ...any) {
+		if err := rdb.RPush(context.WithoutCancel(ctx), prefix+"events", fmt.Sprintf(format, args...)).Err(); err != nil {
+			fmt.Fprintln(os.Stderr, "event:", err)
+		}
+	}
+	handler := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		l, ok := lockx.FromContext(ctx)
+		if !ok {
+			return consumer.Dead(consumer.ReasonPermanent, errors.New("no lock in the context"))
+		}
+		event(ctx, "start %s %d %d", me, job.Deliveries, l.Fence())
+		<-time.After(sleep)
+		ok2, err := lockLedgerScript.Run(context.WithoutCancel(ctx), rdb,
+			[]string{prefix + "{ledger}:last", prefix + "{ledger}:log"}, l.Fence(), me).Bool()
+		if err != nil {
+			return err
+		}
+		if ok2 {
+			event(ctx, "write %s %d accepted", me, l.Fence())
+		} else {
+			event(ctx, "write %s %d refused", me, l.Fence())
+			select {
+			case <-l.Lost():
+				// The middleware cancels the context on the loss (unless
+				// the consumer did first, having lost the job's lease).
+				<-ctx.Done()
+				event(ctx, "lost %s: %v; context: %v", me, l.Err(), context.Cause(ctx))
+			case <-time.After(2 * time.Second):
+				event(ctx, "notlost %s", me)
+			}
+		}
+		if l.Err() == nil {
+			event(ctx, "held %s", me)
+		}
+		return nil
+	})
+	vis := lockEnvDur("LW_VIS")
+	c := consumer.New(rdb, consumer.Config{
+		Stream:            lockEnv("LW_STREAM"),
+		Group:             "g",
+		Consumer:          me,
+		VisibilityTimeout: vis,
+		SweepInterval:     100 * time.Millisecond,
+		HeartbeatInterval: vis / 4,
+		Block:             200 * time.Millisecond,
+		ShutdownTimeout:   5 * time.Second,
+		Concurrency:       4,
+		PromoteInterval:   50 * time.Millisecond,
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}).Use(middleware.Lock(lockx.New(rdb, lockx.Config{Prefix: prefix + "lock:"}), middleware.LockConfig{
+		TTL:           lockEnvDur("LW_TTL"),
+		ConflictDelay: 100 * time.Millisecond,
+	})).Handle(handler)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	err := c.Run(ctx)
+	st, _ := json.Marshal(c.Stats())
+	fmt.Fprintf(os.Stderr, "PW_STATS %s\n", st)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "PW_RUN_ERROR %v\n", err)
+		return 3
+	}
+	return 0
+}
+
+// lockScenario is a stream with group "g", a key prefix for the locks and
+// the ledger, and lock-worker processes.
+type lockScenario struct {
+	t      *testing.T
+	rdb    *redis.Client
+	stream string
+	prefix string
+}
+
+func newLockScenario(t *testing.T) *lockScenario {
+	t.Helper()
+	rdb := redistest.Shared(t)
+	s := &lockScenario{t: t, rdb: rdb, stream: redistest.Name(t), prefix: redistest.Name(t) + ":"}
+	keys, err := stream.KeysFor(s.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rdb.Del(context.Background(), keys.Stream, keys.Dead, keys.Delayed)
+		lockCleanup(rdb, s.prefix)
+	})
+	if err := rdb.XGroupCreateMkStream(t.Context(), s.stream, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// worker starts a lock-worker named name with lock TTL ttl, visibility
+// timeout vis and handler duration sleep.
+func (s *lockScenario) worker(name string, ttl, vis, sleep time.Duration) *worker {
+	w := startSubprocess(s.t, "lock-worker", "LW_ADDR="+redistest.Addr(), "LW_PREFIX="+s.prefix,
+		"LW_STREAM="+s.stream, "LW_CONSUMER="+name, "LW_TTL="+ttl.String(), "LW_VIS="+vis.String(),
+		"LW_SLEEP="+sleep.String())
+	w.name = name
+	return w
+}
+
+// enqueue adds one job with lock key key.
+func (s *lockScenario) enqueue(key string) {
+	s.t.Helper()
+	j, err := stream.NewJSONJob("locked", struct{}{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	j.LockKey = key
+	if _, err := stream.NewProducer(s.rdb, stream.ProducerConfig{Stream: s.stream}).Enqueue(s.t.Context(), j); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// events returns the handlers' events so far.
+func (s *lockScenario) events() []string {
+	s.t.Helper()
+	ev, err := s.rdb.LRange(context.Background(), s.prefix+"events", 0, -1).Result()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return ev
+}
+
+// waitEvent waits for an event starting with prefix and returns it.
+func (s *lockScenario) waitEvent(prefix string, timeout time.Duration) string {
+	s.t.Helper()
+	var got string
+	eventually(s.t, timeout, func() (bool, string) {
+		for _, e := range s.events() {
+			if strings.HasPrefix(e, prefix) {
+				got = e
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("no event %q; events %q", prefix, s.events())
+	})
+	return got
+}
+
+// ledger returns the ledger's accepted writes.
+func (s *lockScenario) ledger() []string {
+	s.t.Helper()
+	l, err := s.rdb.LRange(context.Background(), s.prefix+"{ledger}:log", 0, -1).Result()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return l
+}
+
+// lockStop stops w gracefully and returns the stats it printed.
+func lockStop(t *testing.T, w *worker) consumer.Stats {
+	t.Helper()
+	w.term()
+	if err := w.wait(10 * time.Second); err != nil {
+		t.Errorf("worker %s exit: %v", w.name, err)
+	}
+	st, ok := w.stats()
+	if !ok {
+		t.Errorf("worker %s printed no stats", w.name)
+	}
+	return st
+}
+
+// A handler running five times its lock's TTL keeps the lock throughout:
+// nobody else can take it, it is not reported lost, and the handler's
+// fenced write is accepted.
+func TestLock_renewal(t *testing.T) {
+	t.Parallel()
+	s := newLockScenario(t)
+	const ttl = 300 * time.Millisecond
+	a := s.worker("a", ttl, 600*time.Millisecond, 5*ttl)
+	s.enqueue("K")
+	s.waitEvent("start a 1 1", 10*time.Second)
+	probe := lockx.New(s.rdb, lockx.Config{Prefix: s.prefix + "lock:"})
+	probes := 0
+	for !slices.ContainsFunc(s.events(), func(e string) bool { return strings.HasPrefix(e, "write a") }) {
+		if l, err := probe.TryAcquire(t.Context(), "K", time.Minute); !errors.Is(err, lockx.ErrNotObtained) {
+			if l != nil {
+				l.Release(context.Background())
+			}
+			t.Fatalf("another holder took the lock while the handler ran (%d probes in): %v; events %q", probes, err, s.events())
+		}
+		probes++
+		time.Sleep(20 * time.Millisecond)
+	}
+	if probes < 40 {
+		t.Errorf("only %d probes while the handler ran", probes)
+	}
+	s.waitEvent("held a", 5*time.Second)
+	if ev := s.events(); !slices.Equal(ev, []string{"start a 1 1", "write a 1 accepted", "held a"}) {
+		t.Errorf("events %q", ev)
+	}
+	if st := lockStop(t, a); st.Acked != 1 || st.LeaseLost != 0 || st.Stale != 0 {
+		t.Errorf("worker stats %+v: want Acked 1", st)
+	}
+}
+
+// F4: the worker holding a job's lock is frozen (SIGSTOP) past the lock's
+// TTL and the job's visibility timeout. Another worker takes the job over
+// and its lock, with a higher fencing token, and writes to the ledger.
+// Thawed, the first worker's write, with the old token, is refused by the
+// ledger; its renewal reports the lock lost; its ack is refused (the entry
+// is no longer its own).
+func TestLock_fencingAfterStall(t *testing.T) {
+	t.Parallel()
+	s := newLockScenario(t)
+	const (
+		ttl   = 300 * time.Millisecond
+		vis   = 600 * time.Millisecond
+		sleep = 1000 * time.Millisecond
+	)
+	a := s.worker("a", ttl, vis, sleep)
+	s.enqueue("K")
+	s.waitEvent("start a 1 1", 10*time.Second)
+	a.stop()
+	b := s.worker("b", ttl, vis, sleep)
+	s.waitEvent("start b 2 ", 10*time.Second)
+	s.waitEvent("write b ", 10*time.Second)
+	a.cont()
+	s.waitEvent("write a ", 10*time.Second)
+	s.waitEvent("lost a", 10*time.Second)
+	ev := s.events()
+	want := []string{"start a 1 1", "start b 2 2", "write b 2 accepted", "held b", "write a 1 refused"}
+	if len(ev) != len(want)+1 || !slices.Equal(ev[:len(want)], want) || !strings.HasPrefix(ev[len(want)], "lost a: "+lockx.ErrLockLost.Error()) {
+		t.Errorf("events %q; want %q then a's lock reported lost", ev, want)
+	}
+	if l := s.ledger(); !slices.Equal(l, []string{"b:2"}) {
+		t.Errorf("ledger %q, want only b's write with fencing token 2", l)
+	}
+	sa := lockStop(t, a)
+	if sa.Acked != 0 || sa.Stale+sa.LeaseLost == 0 {
+		t.Errorf("worker a stats %+v: want Acked 0 and its ack refused or its lease lost", sa)
+	}
+	t.Logf("stale worker a: stats %+v; events %q", sa, ev)
+	if sb := lockStop(t, b); sb.Acked != 1 || sb.Reclaimed != 1 {
+		t.Errorf("worker b stats %+v: want Acked 1, Reclaimed 1", sb)
+	}
+	if p, _ := s.rdb.XPending(t.Context(), s.stream, "g").Result(); p == nil || p.Count != 0 {
+		t.Errorf("pending %+v, want none", p)
+	}
+}
+
+// lockCleanup deletes every key under prefix.
+func lockCleanup(rdb *redis.Client, prefix string) {
+	ctx := context.Background()
+	keys, _ := rdb.Keys(ctx, prefix+"*").Result()
+	if len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
+}

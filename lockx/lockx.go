@@ -1,0 +1,181 @@
+package lockx
+
+import (
+	"context"
+	crand "crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/keyslot"
+)
+
+// DefaultPrefix is the default [Config.Prefix].
+const DefaultPrefix = "pelican:lock:"
+
+// Errors of the package, for errors.Is.
+var (
+	// ErrNotObtained: the lock is held by someone else (TryAcquire), or
+	// was still held when Acquire stopped waiting.
+	ErrNotObtained = errors.New("lockx: not obtained")
+	// ErrNotHeld: the lock no longer holds the caller's token: it expired,
+	// and may belong to someone else now, or it was released.
+	ErrNotHeld = errors.New("lockx: not held")
+	// ErrLockLost is the cause given by [Lock.Err] once [Lock.Lost] is
+	// closed: renewal found the lock gone, or could not renew it for a
+	// whole TTL.
+	ErrLockLost = errors.New("lockx: lock lost")
+	// ErrInvalidKey: the key is empty, or its lock and fencing counter
+	// would not share a cluster slot.
+	ErrInvalidKey = errors.New("lockx: invalid key")
+)
+
+var (
+	//go:embed acquire.lua
+	acquireLua string
+	//go:embed release.lua
+	releaseLua string
+	//go:embed extend.lua
+	extendLua string
+	//go:embed pttl.lua
+	pttlLua string
+
+	acquireScript = redis.NewScript(acquireLua)
+	releaseScript = redis.NewScript(releaseLua)
+	extendScript  = redis.NewScript(extendLua)
+	pttlScript    = redis.NewScript(pttlLua)
+)
+
+// Config configures a [Client].
+type Config struct {
+	// Prefix starts the Redis key of every lock. It must not contain '{'
+	// or '}'. Defaults to [DefaultPrefix].
+	Prefix string
+}
+
+// Client takes locks on one Redis (single node, Sentinel or Cluster). It is
+// safe for concurrent use.
+type Client struct {
+	rdb    redis.UniversalClient
+	prefix string
+}
+
+// New returns a Client of rdb. It panics if cfg.Prefix contains '{' or '}'.
+func New(rdb redis.UniversalClient, cfg Config) *Client {
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(cfg.Prefix, "{}") {
+		panic(fmt.Sprintf("lockx: Config.Prefix (%q) must not contain '{' or '}'", cfg.Prefix))
+	}
+	return &Client{rdb: rdb, prefix: cfg.Prefix}
+}
+
+// keys returns the Redis keys of key's lock and fencing counter.
+func (c *Client) keys(key string) (lock, fence string, err error) {
+	lock = c.prefix + "{" + key + "}"
+	fence = lock + ":fence"
+	if key == "" || keyslot.Of(lock) != keyslot.Of(fence) {
+		return "", "", fmt.Errorf("%w: %q", ErrInvalidKey, key)
+	}
+	return lock, fence, nil
+}
+
+// TryAcquire takes the lock of key for ttl if nobody holds it, and returns
+// [ErrNotObtained] if somebody does. The lock is not renewed unless
+// [Lock.KeepAlive] is called. ttl is rounded down to milliseconds and must
+// be at least 1 ms.
+func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
+	lockKey, fenceKey, err := c.keys(key)
+	if err != nil {
+		return nil, err
+	}
+	if ttl < time.Millisecond {
+		return nil, fmt.Errorf("lockx: ttl (%v) must be at least 1ms", ttl)
+	}
+	token := newToken()
+	sent := time.Now()
+	fence, err := acquireScript.Run(ctx, c.rdb, []string{lockKey, fenceKey}, token, ttlArg(ttl)).Int64()
+	if err != nil {
+		// The script may have run (a lost reply): the lock then expires.
+		return nil, fmt.Errorf("lockx: acquire %q: %w", key, err)
+	}
+	if fence == 0 {
+		return nil, ErrNotObtained
+	}
+	l := &Lock{c: c, key: key, redisKey: lockKey, token: token, fence: fence, lost: make(chan struct{})}
+	l.ttl.Store(int64(ttl))
+	l.validUntil.Store(sent.Add(ttl).UnixNano())
+	return l, nil
+}
+
+// AcquireOptions configures [Client.Acquire].
+type AcquireOptions struct {
+	// Backoff returns how long to wait after the n-th failed attempt (n
+	// from 1). Defaults to [DefaultBackoff].
+	Backoff func(n int) time.Duration
+	// Wait is how long to keep trying. Defaults to 0: until ctx is done.
+	Wait time.Duration
+}
+
+// DefaultBackoff is the default [AcquireOptions.Backoff]: 10 ms doubled per
+// attempt up to 500 ms, each delay drawn between half and all of that.
+func DefaultBackoff(n int) time.Duration {
+	d := 500 * time.Millisecond
+	if n >= 1 && n <= 6 {
+		d = min(10*time.Millisecond<<(n-1), d)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// Acquire takes the lock of key for ttl, trying again with opts.Backoff
+// while it is held, for at most opts.Wait (0: until ctx is done). It
+// returns an error matching [ErrNotObtained] when it stops waiting, which
+// also matches ctx's error if ctx ended the wait. Other errors (Redis
+// unreachable) are returned at once.
+func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts AcquireOptions) (*Lock, error) {
+	if opts.Backoff == nil {
+		opts.Backoff = DefaultBackoff
+	}
+	var deadline <-chan time.Time
+	if opts.Wait > 0 {
+		t := time.NewTimer(opts.Wait)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for n := 1; ; n++ {
+		l, err := c.TryAcquire(ctx, key, ttl)
+		if !errors.Is(err, ErrNotObtained) {
+			if err != nil && ctx.Err() != nil {
+				return nil, fmt.Errorf("%w: %w", ErrNotObtained, context.Cause(ctx))
+			}
+			return l, err
+		}
+		t := time.NewTimer(opts.Backoff(n))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w: %w", ErrNotObtained, context.Cause(ctx))
+		case <-deadline:
+			t.Stop()
+			return nil, ErrNotObtained
+		case <-t.C:
+		}
+	}
+}
+
+// newToken returns a random holder token.
+func newToken() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+func ttlArg(ttl time.Duration) string { return strconv.FormatInt(ttl.Milliseconds(), 10) }

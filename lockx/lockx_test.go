@@ -1,0 +1,375 @@
+package lockx_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/lockx"
+)
+
+// setup returns a Client with a key prefix of the test's own on the shared
+// Redis (its keys are deleted at the end of the test), and an admin client.
+func setup(t *testing.T) (*lockx.Client, *redis.Client, string) {
+	t.Helper()
+	rdb := redistest.Shared(t)
+	prefix := redistest.Name(t) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	})
+	return lockx.New(rdb, lockx.Config{Prefix: prefix}), rdb, prefix
+}
+
+func TestClient_TryAcquire(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t)
+	ctx := t.Context()
+	l, err := c.TryAcquire(ctx, "k", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Key() != "k" || len(l.Token()) != 32 || l.Fence() != 1 {
+		t.Errorf("lock key %q token %q fence %d; want k, 32 hex digits, 1", l.Key(), l.Token(), l.Fence())
+	}
+	if v, _ := rdb.Get(ctx, prefix+"{k}").Result(); v != l.Token() {
+		t.Errorf("lock key holds %q, want the token %q", v, l.Token())
+	}
+	if _, err := c.TryAcquire(ctx, "k", time.Second); !errors.Is(err, lockx.ErrNotObtained) {
+		t.Fatalf("second TryAcquire: %v, want ErrNotObtained", err)
+	}
+	if f, _ := rdb.Get(ctx, prefix+"{k}:fence").Int64(); f != 1 {
+		t.Errorf("fence counter %d after a refused acquisition, want 1", f)
+	}
+	other, err := c.TryAcquire(ctx, "k2", time.Second)
+	if err != nil {
+		t.Fatalf("another key: %v", err)
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.TTL(ctx); err != nil || d <= 0 || d > time.Second {
+		t.Errorf("TTL = %v, %v; want in (0, 1s]", d, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rdb.Exists(ctx, prefix+"{k}").Result(); n != 0 {
+		t.Error("the lock key still exists after Release")
+	}
+	if err := l.Release(ctx); !errors.Is(err, lockx.ErrNotHeld) {
+		t.Errorf("second Release: %v, want ErrNotHeld", err)
+	}
+	if _, err := l.TTL(ctx); !errors.Is(err, lockx.ErrNotHeld) {
+		t.Errorf("TTL after Release: %v, want ErrNotHeld", err)
+	}
+	if _, err := c.TryAcquire(ctx, "", time.Second); !errors.Is(err, lockx.ErrInvalidKey) {
+		t.Errorf("empty key: %v, want ErrInvalidKey", err)
+	}
+	if _, err := c.TryAcquire(ctx, "}x", time.Second); !errors.Is(err, lockx.ErrInvalidKey) {
+		t.Errorf("key starting with '}': %v, want ErrInvalidKey", err)
+	}
+}
+
+// A holder whose lock expired cannot release, extend or read the TTL of the
+// next holder's lock.
+func TestLock_staleHolder(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t)
+	ctx := t.Context()
+	stale, err := c.TryAcquire(ctx, "k", 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fresh *lockx.Lock
+	deadline := time.Now().Add(5 * time.Second)
+	for fresh == nil {
+		fresh, err = c.TryAcquire(ctx, "k", 10*time.Second)
+		if err != nil && !errors.Is(err, lockx.ErrNotObtained) || time.Now().After(deadline) {
+			t.Fatalf("acquire after expiry: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := stale.Release(ctx); !errors.Is(err, lockx.ErrNotHeld) {
+		t.Errorf("stale Release: %v, want ErrNotHeld", err)
+	}
+	if err := stale.Extend(ctx, time.Minute); !errors.Is(err, lockx.ErrNotHeld) {
+		t.Errorf("stale Extend: %v, want ErrNotHeld", err)
+	}
+	select {
+	case <-stale.Lost():
+		if !errors.Is(stale.Err(), lockx.ErrLockLost) {
+			t.Errorf("stale Err() = %v, want ErrLockLost", stale.Err())
+		}
+	default:
+		t.Error("Extend found the lock gone but Lost is open")
+	}
+	if _, err := stale.TTL(ctx); !errors.Is(err, lockx.ErrNotHeld) {
+		t.Errorf("stale TTL: %v, want ErrNotHeld", err)
+	}
+	if v, _ := rdb.Get(ctx, prefix+"{k}").Result(); v != fresh.Token() {
+		t.Fatalf("the lock holds %q, want the new holder's token %q", v, fresh.Token())
+	}
+	if d, _ := rdb.PTTL(ctx, prefix+"{k}").Result(); d <= 9*time.Second {
+		t.Errorf("the new holder's TTL is %v: the stale holder changed it", d)
+	}
+	if fresh.Err() != nil {
+		t.Errorf("new holder's Err() = %v", fresh.Err())
+	}
+	if err := fresh.Release(ctx); err != nil {
+		t.Errorf("new holder's Release: %v", err)
+	}
+}
+
+func TestLock_Extend(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t)
+	ctx := t.Context()
+	l, err := c.TryAcquire(ctx, "k", 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	if err := l.Extend(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := rdb.PTTL(ctx, prefix+"{k}").Result(); d <= 9*time.Second {
+		t.Errorf("PTTL after Extend(10s) = %v", d)
+	}
+	if d, err := l.TTL(ctx); err != nil || d <= 9*time.Second {
+		t.Errorf("TTL() after Extend(10s) = %v, %v", d, err)
+	}
+	select {
+	case <-l.Lost():
+		t.Error("Lost closed for a held lock")
+	default:
+	}
+}
+
+// The fencing token grows with every acquisition, whoever makes it, across
+// releases and expiries; each key counts on its own.
+func TestLock_Fence(t *testing.T) {
+	t.Parallel()
+	c, _, _ := setup(t)
+	ctx := t.Context()
+	var last int64
+	for i := range 6 {
+		var l *lockx.Lock
+		var err error
+		if i%2 == 0 {
+			l, err = c.Acquire(ctx, "k", time.Minute, lockx.AcquireOptions{Wait: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else { // let it expire
+			l, err = c.Acquire(ctx, "k", 30*time.Millisecond, lockx.AcquireOptions{Wait: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if l.Fence() <= last {
+			t.Fatalf("acquisition %d has fence %d, not above the previous %d", i+1, l.Fence(), last)
+		}
+		last = l.Fence()
+	}
+	l, err := c.Acquire(ctx, "k", time.Minute, lockx.AcquireOptions{Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if l.Fence() != 7 {
+		t.Errorf("7th acquisition has fence %d, want 7", l.Fence())
+	}
+	o, err := c.TryAcquire(ctx, "other", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Release(ctx)
+	if o.Fence() != 1 {
+		t.Errorf("first acquisition of another key has fence %d, want 1", o.Fence())
+	}
+}
+
+// KeepAlive keeps a lock through five times its TTL; nobody else gets it
+// meanwhile; Release stops the renewal.
+func TestLock_KeepAlive(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t)
+	ctx := t.Context()
+	const ttl = 150 * time.Millisecond
+	l, err := c.TryAcquire(ctx, "k", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.KeepAlive(context.Background())
+	l.KeepAlive(context.Background()) // no second renewer
+	end := time.Now().Add(5 * ttl)
+	for time.Now().Before(end) {
+		if _, err := c.TryAcquire(ctx, "k", time.Minute); !errors.Is(err, lockx.ErrNotObtained) {
+			t.Fatalf("another holder got the lock while it was kept alive: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case <-l.Lost():
+		t.Fatalf("Lost closed: %v", l.Err())
+	default:
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release after 5 TTLs: %v", err)
+	}
+	if n, _ := rdb.Exists(ctx, prefix+"{k}").Result(); n != 0 {
+		t.Error("the lock exists after Release: the renewal outlived it")
+	}
+}
+
+// Lost closes, with ErrLockLost, when renewal finds the lock deleted behind
+// its back; the renewal goroutine then ends (TestMain checks).
+func TestLock_Lost(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t)
+	ctx := t.Context()
+	l, err := c.TryAcquire(ctx, "k", 150*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.KeepAlive(context.Background())
+	if err := rdb.Del(ctx, prefix+"{k}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Lost():
+	case <-time.After(2 * time.Second):
+		t.Fatal("Lost did not close after the lock was deleted")
+	}
+	if !errors.Is(l.Err(), lockx.ErrLockLost) {
+		t.Errorf("Err() = %v, want ErrLockLost", l.Err())
+	}
+	if err := l.Release(ctx); !errors.Is(err, lockx.ErrNotHeld) {
+		t.Errorf("Release of a lost lock: %v, want ErrNotHeld", err)
+	}
+}
+
+func TestClient_Acquire(t *testing.T) {
+	t.Parallel()
+
+	t.Run("waitsForRelease", func(t *testing.T) {
+		t.Parallel()
+		c, _, _ := setup(t)
+		ctx := t.Context()
+		held, err := c.TryAcquire(ctx, "k", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			time.Sleep(100 * time.Millisecond)
+			if err := held.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+		start := time.Now()
+		l, err := c.Acquire(ctx, "k", time.Minute, lockx.AcquireOptions{Wait: 5 * time.Second})
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		defer l.Release(ctx)
+		if took := time.Since(start); took < 90*time.Millisecond {
+			t.Errorf("Acquire returned after %v, before the holder released", took)
+		}
+		if l.Fence() != held.Fence()+1 {
+			t.Errorf("fence %d, want %d", l.Fence(), held.Fence()+1)
+		}
+	})
+
+	t.Run("timesOut", func(t *testing.T) {
+		t.Parallel()
+		c, _, _ := setup(t)
+		ctx := t.Context()
+		held, err := c.TryAcquire(ctx, "k", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Release(ctx)
+		start := time.Now()
+		var tries int
+		_, err = c.Acquire(ctx, "k", time.Minute, lockx.AcquireOptions{
+			Wait:    150 * time.Millisecond,
+			Backoff: func(n int) time.Duration { tries = n; return 10 * time.Millisecond },
+		})
+		if !errors.Is(err, lockx.ErrNotObtained) {
+			t.Fatalf("Acquire: %v, want ErrNotObtained", err)
+		}
+		if took := time.Since(start); took < 150*time.Millisecond || took > time.Second {
+			t.Errorf("Acquire gave up after %v, want about 150ms", took)
+		}
+		if tries < 5 {
+			t.Errorf("only %d tries", tries)
+		}
+	})
+
+	t.Run("ctxDone", func(t *testing.T) {
+		t.Parallel()
+		c, _, _ := setup(t)
+		held, err := c.TryAcquire(t.Context(), "k", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Release(context.Background())
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		_, err = c.Acquire(ctx, "k", time.Minute, lockx.AcquireOptions{})
+		if !errors.Is(err, lockx.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire: %v, want ErrNotObtained and DeadlineExceeded", err)
+		}
+	})
+}
+
+func TestDefaultBackoff(t *testing.T) {
+	t.Parallel()
+	for n, want := range map[int]time.Duration{1: 10 * time.Millisecond, 2: 20 * time.Millisecond, 6: 320 * time.Millisecond, 7: 500 * time.Millisecond, 50: 500 * time.Millisecond} {
+		for range 100 {
+			if d := lockx.DefaultBackoff(n); d < want/2 || d > want {
+				t.Fatalf("DefaultBackoff(%d) = %v, want in [%v, %v]", n, d, want/2, want)
+			}
+		}
+	}
+}
+
+func TestContext(t *testing.T) {
+	t.Parallel()
+	if _, ok := lockx.FromContext(t.Context()); ok {
+		t.Error("FromContext found a lock in a bare context")
+	}
+	c, _, _ := setup(t)
+	l, err := c.TryAcquire(t.Context(), "k", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	if got, ok := lockx.FromContext(lockx.NewContext(t.Context(), l)); !ok || got != l {
+		t.Errorf("FromContext = %p, %v; want %p", got, ok, l)
+	}
+}
+
+func TestNew_badPrefix(t *testing.T) {
+	t.Parallel()
+	defer func() {
+		if recover() == nil {
+			t.Error("New accepted a prefix with '{'")
+		}
+	}()
+	lockx.New(nil, lockx.Config{Prefix: "a{b"})
+}

@@ -1,0 +1,255 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/leakcheck"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/lockx"
+	"github.com/pelicanqueue/pelican/middleware"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// lockSetup returns a lockx Client with a key prefix of the test's own on
+// the shared Redis (deleted at the end of the test), the Redis client and
+// the prefix.
+func lockSetup(t *testing.T) (*lockx.Client, *redis.Client, string) {
+	t.Helper()
+	rdb := redistest.Shared(t)
+	prefix := redistest.Name(t) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	})
+	return lockx.New(rdb, lockx.Config{Prefix: prefix}), rdb, prefix
+}
+
+// lockFree reports whether nobody holds key's lock, taking and releasing it.
+func lockFree(t *testing.T, locks *lockx.Client, key string) bool {
+	t.Helper()
+	l, err := locks.TryAcquire(context.Background(), key, time.Minute)
+	if errors.Is(err, lockx.ErrNotObtained) {
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return true
+}
+
+func TestLock_conflictSnoozes(t *testing.T) {
+	t.Parallel()
+	locks, _, _ := lockSetup(t)
+	held, err := locks.TryAcquire(t.Context(), "customer:7", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(context.Background())
+	var conflicts []string
+	var ran atomic.Bool
+	h := middleware.Lock(locks, middleware.LockConfig{
+		ConflictDelay: 200 * time.Millisecond,
+		OnConflict:    func(key string) { conflicts = append(conflicts, key) },
+	})(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		ran.Store(true)
+		return nil
+	}))
+	for range 20 {
+		err := h.Process(t.Context(), &stream.Job{Type: "sync", LockKey: "customer:7"})
+		var o *consumer.Outcome
+		if !errors.As(err, &o) || o.CountsAttempt() || o.IsDead() {
+			t.Fatalf("Process: %v; want a snooze that counts no attempt", err)
+		}
+		if d := o.Delay(); d < 100*time.Millisecond || d > 300*time.Millisecond {
+			t.Errorf("snoozed for %v, want 200ms ±50%%", d)
+		}
+	}
+	if ran.Load() {
+		t.Error("the handler ran while the lock was held elsewhere")
+	}
+	if len(conflicts) != 20 || conflicts[0] != "customer:7" {
+		t.Errorf("OnConflict calls: %v, want 20 × customer:7", conflicts)
+	}
+	if err := held.Extend(t.Context(), time.Minute); err != nil {
+		t.Errorf("the holder's lock was disturbed: %v", err)
+	}
+}
+
+// The handler runs holding the lock, which is in its context with its
+// fencing token; the lock is released when it returns. Key can come from a
+// function; a job without a key runs without a lock.
+func TestLock_holdsLock(t *testing.T) {
+	t.Parallel()
+	locks, _, _ := lockSetup(t)
+	var fences []int64
+	h := middleware.Lock(locks, middleware.LockConfig{
+		Key: func(job *stream.Job) string {
+			if job.Type == "nolock" {
+				return ""
+			}
+			return "acct:" + job.ID
+		},
+	})(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		l, ok := lockx.FromContext(ctx)
+		if job.Type == "nolock" {
+			if ok {
+				t.Errorf("a job without a key has lock %q", l.Key())
+			}
+			return nil
+		}
+		if !ok {
+			t.Fatal("no lock in the handler's context")
+		}
+		if l.Key() != "acct:1" {
+			t.Errorf("lock key %q, want acct:1", l.Key())
+		}
+		if lockFree(t, locks, "acct:1") {
+			t.Error("the lock is free while the handler runs")
+		}
+		fences = append(fences, l.Fence())
+		return nil
+	}))
+	for range 3 {
+		if err := h.Process(t.Context(), &stream.Job{ID: "1", Type: "sync"}); err != nil {
+			t.Fatal(err)
+		}
+		if !lockFree(t, locks, "acct:1") {
+			t.Error("the lock is held after the handler returned")
+		}
+	}
+	// Each run and each lockFree probe is an acquisition.
+	if len(fences) != 3 || fences[0] < 1 || fences[1] != fences[0]+2 || fences[2] != fences[1]+2 {
+		t.Errorf("fences %v, want growing by one per acquisition", fences)
+	}
+	if err := h.Process(t.Context(), &stream.Job{ID: "2", Type: "nolock"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A lock lost while the handler runs (here deleted behind its back) cancels
+// the handler's context with a cause matching lockx.ErrLockLost and naming
+// the key.
+func TestLock_lostCancels(t *testing.T) {
+	t.Parallel()
+	locks, rdb, prefix := lockSetup(t)
+	h := middleware.Lock(locks, middleware.LockConfig{TTL: 150 * time.Millisecond})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			if err := rdb.Del(ctx, prefix+"{"+job.LockKey+"}").Err(); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(3 * time.Second):
+				return errors.New("the handler's context was not cancelled")
+			}
+		}))
+	err := h.Process(t.Context(), &stream.Job{LockKey: "k1"})
+	if !errors.Is(err, lockx.ErrLockLost) || !strings.Contains(err.Error(), `"k1"`) {
+		t.Fatalf("handler ended with %v; want a cause matching lockx.ErrLockLost naming k1", err)
+	}
+}
+
+// A lock is renewed while its handler runs five times its TTL.
+func TestLock_renews(t *testing.T) {
+	t.Parallel()
+	locks, _, _ := lockSetup(t)
+	const ttl = 100 * time.Millisecond
+	h := middleware.Lock(locks, middleware.LockConfig{TTL: ttl})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			end := time.Now().Add(5 * ttl)
+			for time.Now().Before(end) {
+				if ctx.Err() != nil {
+					return context.Cause(ctx)
+				}
+				if lockFree(t, locks, job.LockKey) {
+					return errors.New("the lock expired while the handler ran")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			return nil
+		}))
+	if err := h.Process(t.Context(), &stream.Job{LockKey: "k"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The lock is released whatever the handler does: returns an error, returns
+// an outcome, panics (the panic goes on after the release). Not parallel,
+// so that no renewal goroutine of another test is running when it checks
+// that none is left.
+func TestLock_releasesAlways(t *testing.T) {
+	locks, _, _ := lockSetup(t)
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name string
+		do   func() error
+	}{
+		{"error", func() error { return boom }},
+		{"outcome", func() error { return consumer.Retry(time.Second, boom) }},
+		{"panic", func() error { panic(boom) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var hctx context.Context
+			h := middleware.Lock(locks, middleware.LockConfig{TTL: 150 * time.Millisecond})(
+				consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+					hctx = ctx
+					return tc.do()
+				}))
+			var recovered any
+			var err error
+			func() {
+				defer func() { recovered = recover() }()
+				err = h.Process(t.Context(), &stream.Job{LockKey: "k"})
+			}()
+			if tc.name == "panic" {
+				if recovered != boom {
+					t.Errorf("recovered %v, want the handler's panic", recovered)
+				}
+			} else if !errors.Is(err, boom) {
+				t.Errorf("Process: %v, want the handler's error", err)
+			}
+			if !lockFree(t, locks, "k") {
+				t.Error("the lock is still held")
+			}
+			if hctx.Err() == nil {
+				t.Error("the handler's context is still live after it returned")
+			}
+		})
+	}
+	if leaked := leakcheck.Leaked(time.Second, "pelican/lockx.", "pelican/middleware.Lock"); leaked != "" {
+		t.Errorf("goroutines left running:\n%s", leaked)
+	}
+}
+
+// When Redis cannot be asked, the job fails with an error that is not an
+// outcome: a failure, retried by policy.
+func TestLock_redisDown(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+	h := middleware.Lock(lockx.New(rdb, lockx.Config{}), middleware.LockConfig{})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			t.Error("the handler ran without its lock")
+			return nil
+		}))
+	err := h.Process(t.Context(), &stream.Job{LockKey: "k"})
+	var o *consumer.Outcome
+	if err == nil || errors.As(err, &o) || !strings.Contains(err.Error(), `lock "k"`) {
+		t.Errorf("Process: %v; want a plain error naming the lock", err)
+	}
+}
