@@ -22,6 +22,7 @@ import (
 
 	"github.com/pelicanqueue/pelican/claim"
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/internal/keyslot"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/lockx"
@@ -862,4 +863,16 @@ func clusterMiddleware(t *testing.T, cc *redis.ClusterClient, name string) {
 		t.Fatalf("lockx TTL after Extend = %v, %v", ttl, err)
 	}
 	clusterMust(t, "lockx Release", l.Release(ctx))
+
+	// idem: records "<tag>:idem:<key>" live on this master.
+	store := idem.NewRedisStore(cc, idem.RedisConfig{Prefix: tag + ":idem:"})
+	for _, key := range []string{"done", "released"} {
+		out, err := store.Begin(ctx, key, "owner-1", time.Second)
+		if err != nil || out.Status != idem.StatusStarted {
+			t.Fatalf("idem Begin(%s) on the cluster = %+v, %v", key, out, err)
+		}
+	}
+	clusterMust(t, "idem Complete", store.Complete(ctx, "done", "owner-1", []byte("ok")))
+	clusterMust(t, "idem Release", store.Release(ctx, "released", "owner-1"))
+	cc.Del(ctx, tag+":idem:done")
 }

@@ -1,0 +1,226 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pelicanqueue/pelican/idem"
+	"github.com/pelicanqueue/pelican/idem/idemtest"
+	"github.com/pelicanqueue/pelican/internal/pgtest"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+)
+
+// redisSetup returns a RedisStore under a prefix of the test's own on the
+// shared Redis; its keys are deleted at the end of the test.
+func redisSetup(t *testing.T, cfg idem.RedisConfig) *idem.RedisStore {
+	t.Helper()
+	rdb := redistest.Shared(t)
+	cfg.Prefix = redistest.Name(t) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := rdb.Keys(ctx, cfg.Prefix+"*").Result()
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	})
+	return idem.NewRedisStore(rdb, cfg)
+}
+
+// sqlSetup returns a SQLStore on a table of the test's own, dropped at the
+// end of the test.
+func sqlSetup(t *testing.T, cfg idem.SQLConfig) *idem.SQLStore {
+	t.Helper()
+	db := pgtest.Open(t)
+	name := redistest.Name(t)
+	cfg.Table = "idem_" + strings.Map(func(r rune) rune {
+		if 'a' <= r && r <= 'z' || '0' <= r && r <= '9' {
+			return r
+		}
+		if 'A' <= r && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '_'
+	}, name[max(len(name)-40, 0):])
+	s, err := idem.NewSQLStore(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.EnsureSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + cfg.Table) })
+	return s
+}
+
+func TestRedisStore_conformance(t *testing.T) {
+	t.Parallel()
+	idemtest.Run(t, func(t *testing.T) idem.Store { return redisSetup(t, idem.RedisConfig{}) })
+}
+
+func TestSQLStore_conformance(t *testing.T) {
+	t.Parallel()
+	idemtest.Run(t, func(t *testing.T) idem.Store { return sqlSetup(t, idem.SQLConfig{}) })
+}
+
+// TestStores_retention: a finished record is forgotten after the retention,
+// and the key starts again.
+func TestStores_retention(t *testing.T) {
+	t.Parallel()
+	const retention = 300 * time.Millisecond
+	for name, s := range map[string]func(t *testing.T) idem.Store{
+		"redis": func(t *testing.T) idem.Store { return redisSetup(t, idem.RedisConfig{Retention: retention}) },
+		"sql":   func(t *testing.T) idem.Store { return sqlSetup(t, idem.SQLConfig{Retention: retention}) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			st, ctx := s(t), context.Background()
+			if _, err := st.Begin(ctx, "k", "a", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Complete(ctx, "k", "a", []byte("r")); err != nil {
+				t.Fatal(err)
+			}
+			if o, _ := st.Begin(ctx, "k", "b", time.Minute); o.Status != idem.StatusCompleted {
+				t.Fatalf("Begin within retention = %+v, want completed", o)
+			}
+			start := time.Now()
+			for {
+				o, err := st.Begin(ctx, "k", "b", time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if o.Status == idem.StatusStarted {
+					break
+				}
+				if time.Since(start) > 5*time.Second {
+					t.Fatalf("completed record still there %v after a %v retention", time.Since(start), retention)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+}
+
+func TestSQLStore_CompleteTx(t *testing.T) {
+	t.Parallel()
+	s := sqlSetup(t, idem.SQLConfig{})
+	db := pgtest.Open(t)
+	ctx := context.Background()
+	biz := s.Table() + "_biz"
+	if _, err := db.Exec("CREATE TABLE " + biz + " (k text)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + biz) })
+	effect := func(owner string, commit bool) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+biz+" (k) VALUES ('k')"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CompleteTx(ctx, tx, "k", owner, []byte(owner)); err != nil {
+			return err
+		}
+		if !commit {
+			return nil
+		}
+		return tx.Commit()
+	}
+	rows := func() (n int) {
+		if err := db.QueryRow("SELECT count(*) FROM " + biz).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if _, err := s.Begin(ctx, "k", "stale", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	// A rolled-back completion leaves the record processing.
+	if err := effect("stale", false); err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := s.Begin(ctx, "k", "x", time.Minute); o.Status != idem.StatusInProgress {
+		t.Fatalf("after a rolled-back CompleteTx Begin = %+v, want in progress", o)
+	}
+	for {
+		o, err := s.Begin(ctx, "k", "new", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Status == idem.StatusStarted {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := effect("stale", true); err == nil || !strings.Contains(err.Error(), idem.ErrNotOwner.Error()) {
+		t.Fatalf("stale owner's CompleteTx = %v, want ErrNotOwner", err)
+	}
+	if n := rows(); n != 0 {
+		t.Fatalf("business rows = %d after the stale owner's rolled-back write, want 0", n)
+	}
+	if err := effect("new", true); err != nil {
+		t.Fatal(err)
+	}
+	// The middleware's own Complete after the handler's CompleteTx is a no-op.
+	if err := s.Complete(ctx, "k", "new", nil); err != nil {
+		t.Fatalf("Complete after CompleteTx by the same owner: %v", err)
+	}
+	o, _ := s.Begin(ctx, "k", "late", time.Minute)
+	if o.Status != idem.StatusCompleted || string(o.Result) != "new" || rows() != 1 {
+		t.Fatalf("Begin = %+v, rows %d; want completed with result %q and 1 row", o, rows(), "new")
+	}
+}
+
+func TestSQLStore_PurgeExpired(t *testing.T) {
+	t.Parallel()
+	s := sqlSetup(t, idem.SQLConfig{Retention: 50 * time.Millisecond})
+	ctx := context.Background()
+	for i := range 3 {
+		k := fmt.Sprint(i)
+		if _, err := s.Begin(ctx, k, "a", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if i < 2 {
+			if err := s.Complete(ctx, k, "a", nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the retention must pass; nothing to poll
+	n, err := s.PurgeExpired(ctx)
+	if err != nil || n != 2 {
+		t.Fatalf("PurgeExpired = %d, %v; want the 2 finished records", n, err)
+	}
+	if o, _ := s.Begin(ctx, "2", "b", time.Minute); o.Status != idem.StatusInProgress {
+		t.Fatalf("the processing record was purged: %+v", o)
+	}
+}
+
+func TestNewSQLStore_rejectsBadTable(t *testing.T) {
+	t.Parallel()
+	for _, tbl := range []string{"a;drop", "a b", "1a", "a.b.c"} {
+		if _, err := idem.NewSQLStore(nil, idem.SQLConfig{Table: tbl}); err == nil {
+			t.Errorf("NewSQLStore(Table %q): nil error", tbl)
+		}
+	}
+}
+
+func TestValidateRetention(t *testing.T) {
+	t.Parallel()
+	h := idem.RetryHorizon(25, 10*time.Minute, 72*time.Hour)
+	if h != 25*10*time.Minute+72*time.Hour {
+		t.Fatalf("RetryHorizon = %v", h)
+	}
+	if err := idem.ValidateRetention(idem.DefaultRetention, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := idem.ValidateRetention(h, h); err == nil || !strings.Contains(err.Error(), "retention") {
+		t.Fatalf("ValidateRetention(h, h) = %v", err)
+	}
+}

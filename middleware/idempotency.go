@@ -1,0 +1,247 @@
+package middleware
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/idem"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// Defaults of [IdempotencyConfig].
+const (
+	// DefaultIdempotencyLease is how long a processing record is held.
+	DefaultIdempotencyLease = 5 * time.Minute
+	// DefaultIdempotencyInProgressDelay is how long a job whose operation
+	// runs elsewhere is snoozed.
+	DefaultIdempotencyInProgressDelay = 2 * time.Second
+)
+
+// idemStoreTimeout bounds the store calls made after the handler returned
+// (Complete, Fail, Release), which run without the job's cancellation.
+const idemStoreTimeout = 5 * time.Second
+
+// MissingKeyPolicy is what [Idempotency] does with a job without an
+// idempotency_key.
+type MissingKeyPolicy int
+
+const (
+	// MissingSkip runs the job without a record: no deduplication. It is
+	// the default.
+	MissingSkip MissingKeyPolicy = iota
+	// MissingUseJobID uses the job's ID as the key: redeliveries and retries
+	// of one job are deduplicated, duplicate enqueues (new job IDs) are not.
+	MissingUseJobID
+)
+
+// IdempotencyConfig configures [Idempotency].
+type IdempotencyConfig struct {
+	// InProgressDelay is how long a job whose operation is in progress
+	// under another owner is snoozed, jittered to between 0.75 and 1.25
+	// times. Defaults to [DefaultIdempotencyInProgressDelay].
+	InProgressDelay time.Duration
+	// Lease is how long a processing record is held. It must exceed the
+	// handler's longest run (the consumer's MaxRuntime, or a Timeout
+	// middleware's limit): a record whose lease passes is taken over by the
+	// next delivery of the key, and the operation runs twice. A crashed
+	// worker's record is taken over after it. Defaults to
+	// [DefaultIdempotencyLease].
+	Lease time.Duration
+	// Logger receives the store errors that do not change the job's
+	// outcome (a failed Release: the lease frees the record). Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+	// Missing is what to do with jobs without an idempotency_key. Defaults
+	// to [MissingSkip].
+	Missing MissingKeyPolicy
+	// OnHit, if set, is called for every job acknowledged without running
+	// because its operation completed earlier (an idempotency hit), with the
+	// stored result. It must not block. Defaults to nil.
+	OnHit func(ctx context.Context, job *stream.Job, result []byte)
+	// RetryHorizon, if positive, is checked against the store's retention
+	// when the store has a Retention() time.Duration method (both Pelican
+	// stores do): Idempotency panics unless the retention exceeds it, since
+	// a job delivered after its record expired runs again. Use
+	// [idem.RetryHorizon]. Defaults to 0: no check.
+	RetryHorizon time.Duration
+}
+
+// Idempotency returns a middleware that runs each business operation, named
+// by the job's idempotency_key, once, however many times it is delivered or
+// enqueued. For each job it begins the key's record in store under a fresh
+// owner token (the entry ID and random bytes) and then:
+//
+//   - completed earlier: returns nil without calling the next handler, so
+//     the job is acknowledged; OnHit gets the stored result;
+//   - in progress under another owner: returns [consumer.Snooze] with the
+//     jittered InProgressDelay (no attempt counted);
+//   - failed permanently earlier: returns consumer.Dead with reason
+//     [consumer.ReasonPermanent] and an error wrapping [idem.ErrFailed] and
+//     the stored reason, without running: an operation fails once, like it
+//     succeeds once. To run it again (a dead-letter replay after a fix),
+//     delete its record or give it a new key;
+//   - started: calls the next handler with an [idem.Claim] in its context
+//     (idem.ClaimFromContext); the handler may set a result with
+//     Claim.SetResult, or complete the record itself inside its own
+//     transaction with [idem.SQLStore.CompleteTx].
+//
+// When the handler returns nil the record is completed before the job is
+// acknowledged (completion first, then ack: a crash between the two leaves
+// a completed record, and the redelivery is a hit). If the completion fails
+// the job fails with a retryable error: the record stays processing until
+// its lease passes and the operation may run again. If the store answers
+// [idem.ErrNotOwner] (the lease passed and another delivery took the record
+// over) the job is snoozed, and its next delivery follows the record.
+// A handler error that is a permanent failure (errors.Is
+// [consumer.ErrPermanent], or a dead-letter outcome, as Retry makes) fails
+// the record with the error's text (its first 1 KiB) as reason; an error
+// wrapping idem.ErrNotOwner (a CompleteTx that lost the record, whose
+// transaction rolled back) snoozes the job; every other error releases the record, so a retry runs
+// again. The error itself is returned unchanged. A panic releases the
+// record and panics on.
+//
+// Place it after tracing and locks and before Retry (see the package
+// documentation), so that a job that must not run is skipped or snoozed
+// before it uses an attempt, and so that it sees Retry's decisions.
+//
+// A job without an idempotency_key is handled by cfg.Missing. A store error
+// in Begin fails the job (retryable). It panics if cfg.RetryHorizon is set
+// and the store's retention does not exceed it, or if cfg.Missing is
+// unknown.
+func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
+	if store == nil {
+		panic("middleware: Idempotency needs a store")
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultIdempotencyLease
+	}
+	if cfg.InProgressDelay <= 0 {
+		cfg.InProgressDelay = DefaultIdempotencyInProgressDelay
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Missing != MissingSkip && cfg.Missing != MissingUseJobID {
+		panic(fmt.Sprintf("middleware: IdempotencyConfig.Missing (%d) is not a MissingKeyPolicy", cfg.Missing))
+	}
+	if cfg.RetryHorizon > 0 {
+		if r, ok := store.(interface{ Retention() time.Duration }); ok {
+			if err := idem.ValidateRetention(r.Retention(), cfg.RetryHorizon); err != nil {
+				panic(fmt.Sprintf("middleware: IdempotencyConfig.RetryHorizon: the store's %v", err))
+			}
+		}
+	}
+	return func(next consumer.Handler) consumer.Handler {
+		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) (err error) {
+			key := job.IdempotencyKey
+			if key == "" {
+				if cfg.Missing == MissingSkip || job.ID == "" {
+					return next.Process(ctx, job)
+				}
+				key = job.ID
+			}
+			owner := idemOwner(job)
+			out, err := store.Begin(ctx, key, owner, cfg.Lease)
+			if err != nil {
+				return fmt.Errorf("middleware: idempotency begin %q: %w", key, err)
+			}
+			switch out.Status {
+			case idem.StatusCompleted:
+				if cfg.OnHit != nil {
+					cfg.OnHit(ctx, job, out.Result)
+				}
+				return nil
+			case idem.StatusInProgress:
+				return consumer.Snooze(concJitter(cfg.InProgressDelay))
+			case idem.StatusFailed:
+				return consumer.Dead(consumer.ReasonPermanent,
+					fmt.Errorf("%w: key %q: %s", idem.ErrFailed, key, out.Reason))
+			case idem.StatusStarted:
+			default:
+				return fmt.Errorf("middleware: idempotency begin %q: unknown status %v", key, out.Status)
+			}
+			claim := &idem.Claim{Key: key, Owner: owner, Store: store}
+			settle := func() (context.Context, context.CancelFunc) {
+				return context.WithTimeout(context.WithoutCancel(ctx), idemStoreTimeout)
+			}
+			returned := false
+			defer func() {
+				if r := recover(); r != nil {
+					if !returned {
+						sctx, cancel := settle()
+						idemRelease(sctx, cfg.Logger, store, job, key, owner)
+						cancel()
+					}
+					panic(r)
+				}
+			}()
+			herr := next.Process(idem.NewContext(ctx, claim), job)
+			returned = true // from here on, a panic is not the handler's
+			sctx, cancel := settle()
+			defer cancel()
+			switch {
+			case herr == nil:
+				cerr := store.Complete(sctx, key, owner, claim.Result())
+				if errors.Is(cerr, idem.ErrNotOwner) {
+					cfg.Logger.Warn("idempotency: record taken over before completion; the lease is shorter than the handler's run",
+						"job_id", job.ID, "idempotency_key", key, "lease", cfg.Lease)
+					return consumer.Snooze(concJitter(cfg.InProgressDelay))
+				}
+				if cerr != nil {
+					return consumer.Retryable(fmt.Errorf("middleware: idempotency complete %q: %w", key, cerr))
+				}
+				return nil
+			case errors.Is(herr, idem.ErrNotOwner):
+				return consumer.Snooze(concJitter(cfg.InProgressDelay))
+			case idemPermanent(herr):
+				if ferr := store.Fail(sctx, key, owner, idemTruncate(herr.Error())); ferr != nil {
+					cfg.Logger.Warn("idempotency: failing the record", "job_id", job.ID, "idempotency_key", key, "error", ferr)
+				}
+				return herr
+			default:
+				idemRelease(sctx, cfg.Logger, store, job, key, owner)
+				return herr
+			}
+		})
+	}
+}
+
+// idemPermanent reports whether err ends the job for good: a permanent
+// error or a dead-letter outcome.
+func idemPermanent(err error) bool {
+	if errors.Is(err, consumer.ErrPermanent) {
+		return true
+	}
+	var o *consumer.Outcome
+	return errors.As(err, &o) && o.IsDead()
+}
+
+func idemRelease(ctx context.Context, log *slog.Logger, store idem.Store, job *stream.Job, key, owner string) {
+	if err := store.Release(ctx, key, owner); err != nil {
+		log.Warn("idempotency: releasing the record", "job_id", job.ID, "idempotency_key", key, "error", err)
+	}
+}
+
+// idemMaxReason bounds the failure reason stored in a record.
+const idemMaxReason = 1024
+
+// idemTruncate cuts s to idemMaxReason bytes.
+func idemTruncate(s string) string {
+	if len(s) <= idemMaxReason {
+		return s
+	}
+	return s[:idemMaxReason]
+}
+
+// idemOwner returns a fresh owner token for one delivery of job.
+func idemOwner(job *stream.Job) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return job.EntryID + ":" + hex.EncodeToString(b[:])
+}

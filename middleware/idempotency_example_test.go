@@ -1,0 +1,53 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/idem"
+	"github.com/pelicanqueue/pelican/middleware"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// The same business operation enqueued three times runs once; the
+// duplicates are acknowledged as hits and see the stored result.
+func ExampleIdempotency() {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	store := idem.NewRedisStore(rdb, idem.RedisConfig{Retention: 7 * 24 * time.Hour})
+	charge := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		fmt.Println("charging", job.IdempotencyKey)
+		if c, ok := idem.ClaimFromContext(ctx); ok {
+			c.SetResult([]byte("receipt-1"))
+		}
+		return nil
+	})
+	h := consumer.Chain(charge, middleware.Idempotency(store, middleware.IdempotencyConfig{
+		// Retries for 25 attempts of at most 10 minutes, replays within 3 days.
+		RetryHorizon: idem.RetryHorizon(25, 10*time.Minute, 72*time.Hour),
+		OnHit: func(_ context.Context, job *stream.Job, result []byte) {
+			fmt.Printf("hit %s (%s): %s\n", job.IdempotencyKey, job.ID, result)
+		},
+	}))
+	for _, id := range []string{"a", "b", "c"} {
+		job := &stream.Job{ID: id, Type: "charge", IdempotencyKey: "order-7", EntryID: "1-0"}
+		if err := h.Process(context.Background(), job); err != nil {
+			fmt.Println("error:", err)
+		}
+	}
+	// Output:
+	// charging order-7
+	// hit order-7 (b): receipt-1
+	// hit order-7 (c): receipt-1
+}

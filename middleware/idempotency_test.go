@@ -1,0 +1,341 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/idem"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/middleware"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// idemSetup returns a Redis idempotency store under a prefix of the test's
+// own on the shared Redis, and a counter of handler runs.
+func idemSetup(t *testing.T) *idem.RedisStore {
+	t.Helper()
+	rdb := redistest.Shared(t)
+	prefix := redistest.Name(t) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	})
+	return idem.NewRedisStore(rdb, idem.RedisConfig{Prefix: prefix, Retention: time.Hour})
+}
+
+func idemJob(key string) *stream.Job {
+	return &stream.Job{ID: "job-" + key, Type: "t", IdempotencyKey: key, EntryID: "1-0"}
+}
+
+func TestIdempotency_completedIsAHit(t *testing.T) {
+	t.Parallel()
+	store := idemSetup(t)
+	var runs, hits atomic.Int64
+	var hitResult atomic.Value
+	h := middleware.Idempotency(store, middleware.IdempotencyConfig{
+		OnHit: func(_ context.Context, _ *stream.Job, result []byte) {
+			hits.Add(1)
+			hitResult.Store(string(result))
+		},
+	})(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		runs.Add(1)
+		c, ok := idem.ClaimFromContext(ctx)
+		if !ok || c.Key != "op-1" || !strings.HasPrefix(c.Owner, job.EntryID+":") || c.Store != idem.Store(store) {
+			t.Errorf("claim in ctx = %+v, %v", c, ok)
+		} else {
+			c.SetResult([]byte("receipt-42"))
+		}
+		return nil
+	}))
+	ctx := context.Background()
+	for i := range 3 {
+		// Different job IDs, same business operation.
+		j := idemJob("op-1")
+		j.ID = j.ID + string(rune('a'+i))
+		if err := h.Process(ctx, j); err != nil {
+			t.Fatalf("delivery %d: %v", i, err)
+		}
+	}
+	if runs.Load() != 1 || hits.Load() != 2 {
+		t.Fatalf("runs %d, hits %d; want 1 run and 2 hits", runs.Load(), hits.Load())
+	}
+	if got := hitResult.Load(); got != "receipt-42" {
+		t.Fatalf("OnHit result = %v, want the stored receipt-42", got)
+	}
+}
+
+func TestIdempotency_inProgressSnoozes(t *testing.T) {
+	t.Parallel()
+	store := idemSetup(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int64
+	h := middleware.Idempotency(store, middleware.IdempotencyConfig{InProgressDelay: time.Second})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			if runs.Add(1) == 1 {
+				close(entered)
+				<-release
+			}
+			return nil
+		}))
+	done := make(chan error, 1)
+	go func() { done <- h.Process(context.Background(), idemJob("op")) }()
+	<-entered
+	err := h.Process(context.Background(), idemJob("op"))
+	d, ok := snoozeDelay(err)
+	if !ok || d < 750*time.Millisecond || d > 1250*time.Millisecond {
+		t.Fatalf("concurrent duplicate: %v, want a snooze of 0.75-1.25s", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Process(context.Background(), idemJob("op")); err != nil || runs.Load() != 1 {
+		t.Fatalf("after completion: %v, runs %d; want a hit", err, runs.Load())
+	}
+}
+
+func TestIdempotency_permanentFailureFailsTheRecord(t *testing.T) {
+	t.Parallel()
+	for name, fail := range map[string]error{
+		"Permanent": consumer.Permanent(errors.New("card declined")),
+		"Dead":      consumer.Dead(consumer.ReasonExhausted, errors.New("card declined")),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := idemSetup(t)
+			var runs atomic.Int64
+			h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
+				consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+					runs.Add(1)
+					return fail
+				}))
+			if err := h.Process(context.Background(), idemJob("op")); err != fail {
+				t.Fatalf("first run returned %v, want the handler's error unchanged", err)
+			}
+			err := h.Process(context.Background(), idemJob("op"))
+			var o *consumer.Outcome
+			if !errors.As(err, &o) || !o.IsDead() || o.Reason() != consumer.ReasonPermanent ||
+				!errors.Is(err, idem.ErrFailed) || !strings.Contains(err.Error(), "card declined") {
+				t.Fatalf("duplicate of a failed operation: %v, want dead (permanent) wrapping idem.ErrFailed and the reason", err)
+			}
+			if runs.Load() != 1 {
+				t.Fatalf("runs = %d, want 1", runs.Load())
+			}
+		})
+	}
+}
+
+func TestIdempotency_retryableFailureReleases(t *testing.T) {
+	t.Parallel()
+	for name, fail := range map[string]error{
+		"plain":  errors.New("timeout"),
+		"Retry":  consumer.Retry(time.Second, errors.New("timeout")),
+		"Snooze": consumer.Snooze(time.Second),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := idemSetup(t)
+			var runs atomic.Int64
+			h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
+				consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+					if runs.Add(1) == 1 {
+						return fail
+					}
+					return nil
+				}))
+			if err := h.Process(context.Background(), idemJob("op")); err != fail {
+				t.Fatalf("first run returned %v, want the handler's error unchanged", err)
+			}
+			// The retry runs at once: the record was released, not left
+			// in progress for the lease (5 min by default).
+			if err := h.Process(context.Background(), idemJob("op")); err != nil {
+				t.Fatalf("retry: %v", err)
+			}
+			if runs.Load() != 2 {
+				t.Fatalf("runs = %d, want 2", runs.Load())
+			}
+		})
+	}
+}
+
+func TestIdempotency_panicReleases(t *testing.T) {
+	t.Parallel()
+	store := idemSetup(t)
+	var runs atomic.Int64
+	h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			if runs.Add(1) == 1 {
+				panic("boom")
+			}
+			return nil
+		}))
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want the handler's panic", r)
+			}
+		}()
+		_ = h.Process(context.Background(), idemJob("op"))
+	}()
+	if err := h.Process(context.Background(), idemJob("op")); err != nil || runs.Load() != 2 {
+		t.Fatalf("after a panic: %v, runs %d; want a second run", err, runs.Load())
+	}
+}
+
+func TestIdempotency_missingKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		policy middleware.MissingKeyPolicy
+		runs   int64
+	}{{"Skip", middleware.MissingSkip, 2}, {"UseJobID", middleware.MissingUseJobID, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := idemSetup(t)
+			var runs atomic.Int64
+			var claimed atomic.Bool
+			h := middleware.Idempotency(store, middleware.IdempotencyConfig{Missing: tc.policy})(
+				consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+					runs.Add(1)
+					if c, ok := idem.ClaimFromContext(ctx); ok && c.Key == job.ID {
+						claimed.Store(true)
+					}
+					return nil
+				}))
+			for range 2 {
+				// Two deliveries of the same job (same ID), no key.
+				if err := h.Process(context.Background(), &stream.Job{ID: "j1", Type: "t", EntryID: "1-0"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if runs.Load() != tc.runs || claimed.Load() != (tc.policy == middleware.MissingUseJobID) {
+				t.Fatalf("runs %d (want %d), keyed by job ID %v", runs.Load(), tc.runs, claimed.Load())
+			}
+		})
+	}
+}
+
+// TestIdempotency_takenOverBeforeCompletion: a handler that outlives its
+// lease finds the record taken over; the job is snoozed, and the next
+// delivery follows the record (a hit once the taker completed).
+func TestIdempotency_takenOverBeforeCompletion(t *testing.T) {
+	t.Parallel()
+	store := idemSetup(t)
+	ctx := context.Background()
+	var runs atomic.Int64
+	h := middleware.Idempotency(store, middleware.IdempotencyConfig{Lease: 100 * time.Millisecond})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			runs.Add(1)
+			c, _ := idem.ClaimFromContext(ctx)
+			// Wait until another delivery takes the record over.
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) {
+				o, err := store.Begin(ctx, c.Key, "taker", time.Minute)
+				if err != nil {
+					return err
+				}
+				if o.Status == idem.StatusStarted {
+					return store.Complete(ctx, c.Key, "taker", []byte("taker's"))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			return errors.New("never taken over")
+		}))
+	err := h.Process(ctx, idemJob("op"))
+	if _, ok := snoozeDelay(err); !ok {
+		t.Fatalf("completion after a takeover: %v, want a snooze", err)
+	}
+	if o, _ := store.Begin(ctx, "op", "x", time.Minute); o.Status != idem.StatusCompleted || string(o.Result) != "taker's" {
+		t.Fatalf("record = %+v, want the taker's completion untouched", o)
+	}
+	if err := h.Process(ctx, idemJob("op")); err != nil || runs.Load() != 1 {
+		t.Fatalf("next delivery: %v, runs %d; want a hit", err, runs.Load())
+	}
+}
+
+// TestIdempotency_handlerLostTheRecord: a handler whose own completion
+// (CompleteTx) reported ErrNotOwner gets its job snoozed, not retried or
+// failed, and the record is left alone.
+func TestIdempotency_handlerLostTheRecord(t *testing.T) {
+	t.Parallel()
+	store := idemSetup(t)
+	h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			c, _ := idem.ClaimFromContext(ctx)
+			if err := c.Store.Complete(ctx, c.Key, "someone-else", nil); err != nil {
+				return errors.Join(errors.New("rolled back"), err)
+			}
+			return nil
+		}))
+	err := h.Process(context.Background(), idemJob("op"))
+	if _, ok := snoozeDelay(err); !ok {
+		t.Fatalf("handler returned ErrNotOwner: %v, want a snooze", err)
+	}
+}
+
+// TestIdempotency_handlerCompletedItself: a handler that completed the
+// record (as with CompleteTx) keeps its result; the middleware's own
+// Complete is a no-op.
+func TestIdempotency_handlerCompletedItself(t *testing.T) {
+	t.Parallel()
+	store := idemSetup(t)
+	h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			c, _ := idem.ClaimFromContext(ctx)
+			return c.Store.Complete(ctx, c.Key, c.Owner, []byte("in-tx"))
+		}))
+	if err := h.Process(context.Background(), idemJob("op")); err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := store.Begin(context.Background(), "op", "x", time.Minute); o.Status != idem.StatusCompleted || string(o.Result) != "in-tx" {
+		t.Fatalf("record = %+v, want the handler's completion", o)
+	}
+}
+
+// idemBroken is a store whose every call fails.
+type idemBroken struct{ idem.Store }
+
+var errIdemDown = errors.New("store down")
+
+func (idemBroken) Begin(context.Context, string, string, time.Duration) (idem.Outcome, error) {
+	return idem.Outcome{}, errIdemDown
+}
+
+func TestIdempotency_storeErrorFailsTheJob(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int64
+	h := middleware.Idempotency(idemBroken{}, middleware.IdempotencyConfig{})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error { runs.Add(1); return nil }))
+	err := h.Process(context.Background(), idemJob("op"))
+	var o *consumer.Outcome
+	if !errors.Is(err, errIdemDown) || errors.As(err, &o) || runs.Load() != 0 {
+		t.Fatalf("Begin failed: %v (runs %d), want a plain (retryable) error without running", err, runs.Load())
+	}
+}
+
+func TestIdempotency_retentionCheckedAgainstHorizon(t *testing.T) {
+	t.Parallel()
+	store := idem.NewRedisStore(nil, idem.RedisConfig{Retention: time.Hour})
+	defer func() {
+		r := recover()
+		if s, _ := r.(string); !strings.Contains(s, "IdempotencyConfig.RetryHorizon") {
+			t.Fatalf("panic = %v, want one naming IdempotencyConfig.RetryHorizon", r)
+		}
+	}()
+	middleware.Idempotency(store, middleware.IdempotencyConfig{RetryHorizon: idem.RetryHorizon(25, 10*time.Minute, 0)})
+	t.Fatal("no panic")
+}
+
+func TestIdempotency_retentionAboveHorizonAccepted(t *testing.T) {
+	t.Parallel()
+	store := idem.NewRedisStore(nil, idem.RedisConfig{})
+	middleware.Idempotency(store, middleware.IdempotencyConfig{RetryHorizon: idem.RetryHorizon(25, 10*time.Minute, 72*time.Hour)})
+}
