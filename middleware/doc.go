@@ -1,6 +1,7 @@
 // Package middleware holds the policies that sit between the consumer and the
-// user's handler: failure handling ([Retry], [DeadLetter], [Timeout]) and
-// overload protection (concurrency, rate limits, circuit breaking).
+// user's handler: exclusion and deduplication ([Lock], [Idempotency]),
+// failure handling ([Retry], [DeadLetter], [Timeout]) and overload protection
+// ([Concurrency], [DistributedConcurrency], [RateLimit], [CircuitBreaker]).
 //
 //	producer → stream → consumer → middleware (this package) → handler
 //
@@ -58,7 +59,9 @@
 // The first middleware given to [consumer.Consumer.Use] is the outermost. The
 // recommended chain is
 //
-//	c.Use(tracing, lock, idempotency,
+//	c.Use(tracing,
+//		middleware.Lock(locker, lockCfg),
+//		middleware.Idempotency(store, idemCfg),
 //		middleware.Retry(retryCfg),
 //		middleware.DeadLetter(deadCfg),
 //		overload...,                    // concurrency, rate limit, breaker

@@ -87,7 +87,7 @@ func main() {
 	fmt.Printf("\nallocations per consumed job: floor %.1f, pelican %.1f\n", median(floorAllocs), median(allocs))
 
 	if *policyJobs > 0 {
-		b.policyPhases(ctx, *policyJobs, extraPolicyPhases()...)
+		b.policyPhases(ctx, *policyJobs, b.extraPolicyPhases()...)
 	}
 
 	p50, p99, n := b.latency(ctx, *rate, *latencyFor)

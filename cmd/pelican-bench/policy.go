@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/idem"
+	"github.com/pelicanqueue/pelican/lockx"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -83,14 +85,45 @@ func (b *bench) policyPhases(ctx context.Context, n int, extra ...policyPhase) {
 		}
 		fmt.Printf("%-14s %12.0f %10.2f\n", p.name, r, r/bare)
 	}
+	b.deleteKeys(ctx, "bench:lock:*", "bench:idem:*")
 }
 
-// extraPolicyPhases returns the phases of middleware on the failure paths:
-// an open circuit breaker, which reschedules every job without running it
+// deleteKeys removes the keys matching the patterns (lock fence counters
+// have no TTL).
+func (b *bench) deleteKeys(ctx context.Context, patterns ...string) {
+	for _, p := range patterns {
+		iter := b.rdb.Scan(ctx, 0, p, 1000).Iterator()
+		var batch []string
+		for iter.Next(ctx) {
+			if batch = append(batch, iter.Val()); len(batch) == 1000 {
+				b.rdb.Del(ctx, batch...)
+				batch = batch[:0]
+			}
+		}
+		if len(batch) > 0 {
+			b.rdb.Del(ctx, batch...)
+		}
+	}
+}
+
+// extraPolicyPhases returns the phases of middleware: the full chain of a
+// lock per job plus an idempotency record in Redis around a no-op handler,
+// and an open circuit breaker, which reschedules every job without running it
 // (the first job's failure opens it for an hour).
-func extraPolicyPhases() []policyPhase {
+func (b *bench) extraPolicyPhases() []policyPhase {
 	errDown := errors.New("bench: downstream down")
 	return []policyPhase{{
+		name: "lock+idem",
+		mws: []consumer.Middleware{
+			middleware.Lock(lockx.New(b.rdb, lockx.Config{Prefix: "bench:lock:"}), middleware.LockConfig{
+				Key: func(j *stream.Job) string { return j.ID },
+			}),
+			middleware.Idempotency(idem.NewRedisStore(b.rdb, idem.RedisConfig{Prefix: "bench:idem:", Retention: time.Minute}),
+				middleware.IdempotencyConfig{Missing: middleware.MissingUseJobID}),
+		},
+		h:    func(context.Context, *stream.Job) error { return nil },
+		done: func(st consumer.Stats, n int) bool { return st.Acked >= uint64(n) },
+	}, {
 		name: "breaker-open",
 		mws: []consumer.Middleware{middleware.CircuitBreaker(middleware.CircuitBreakerConfig{
 			Threshold: 1, OpenFor: time.Hour,
