@@ -108,7 +108,7 @@ func (p *Producer) EnqueueIn(ctx context.Context, job *Job, d time.Duration) err
 }
 
 func (p *Producer) schedule(ctx context.Context, job *Job, mode string, ms int64) error {
-	args, err := p.args(job)
+	args, err := p.args(ctx, job)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,10 @@ type ProducerConfig struct {
 	// Leave it zero and call [TrimAcked] periodically unless losing old jobs
 	// under a backlog is acceptable. Defaults to 0 (no trimming).
 	MaxLen int64
+	// Prepare, when set, is called with each job just before it is encoded,
+	// with the context of the Enqueue call: tracing sets the job's W3C trace
+	// context here (see package middleware/tracing). Defaults to nil.
+	Prepare func(ctx context.Context, job *Job)
 	// Stream is the stream jobs are added to. Required.
 	Stream string
 }
@@ -57,7 +61,7 @@ func NewProducer(rdb redis.UniversalClient, cfg ProducerConfig) *Producer {
 // job.ID to a new UUIDv7 when it is empty. See [Producer] for what an error
 // means.
 func (p *Producer) Enqueue(ctx context.Context, job *Job) (string, error) {
-	args, err := p.args(job)
+	args, err := p.args(ctx, job)
 	if err != nil {
 		return "", err
 	}
@@ -78,7 +82,7 @@ func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, err
 	}
 	all := make([]*redis.XAddArgs, len(jobs))
 	for i, j := range jobs {
-		args, err := p.args(j)
+		args, err := p.args(ctx, j)
 		if err != nil {
 			return nil, fmt.Errorf("stream: batch job %d: %w", i, err)
 		}
@@ -104,7 +108,7 @@ func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, err
 	return ids, errors.Join(errs...)
 }
 
-func (p *Producer) args(job *Job) (*redis.XAddArgs, error) {
+func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) {
 	if job == nil || job.Type == "" {
 		return nil, errors.New("stream: job has no Type")
 	}
@@ -116,6 +120,9 @@ func (p *Producer) args(job *Job) (*redis.XAddArgs, error) {
 			return nil, fmt.Errorf("stream: new job ID: %w", err)
 		}
 		job.ID = id.String()
+	}
+	if p.cfg.Prepare != nil {
+		p.cfg.Prepare(ctx, job)
 	}
 	return &redis.XAddArgs{
 		Stream: p.cfg.Stream,
