@@ -61,7 +61,24 @@ type Config struct {
 	// no pending entries are deleted. Negative disables. Defaults to
 	// [DefaultIdleConsumerTimeout].
 	IdleConsumerTimeout time.Duration
-	// Logger receives the consumer's logs. Defaults to slog.Default().
+	// Logger receives the consumer's logs. A successful job is logged only at
+	// Debug ("job done"), failures at Warn (retry scheduled, lease lost, stale
+	// settlement) or Error (dead-lettered, lost), and failed Redis commands at
+	// Error at most once per 10s. Every record about one job has these
+	// attributes, "" or 0 when unknown (an entry that did not decode has no
+	// job values but its entry_id): stream, group, consumer, entry_id, job_id,
+	// job_type, idempotency_key, attempt (earlier attempts), lock_key,
+	// trace_id (from the job's traceparent), duration_ms (the handler's run
+	// time), error_kind, and error (the text) when there is one. Payloads and
+	// raw entry fields are never logged. error_kind is one of: "" (no error),
+	// "retryable", "timeout" (the handler's error is or follows a context
+	// deadline, such as MaxRuntime's), "snooze", "shutdown" (given back at
+	// shutdown), "lease_lost" (reclaimed by another consumer, or no longer
+	// owned when settled), "lost" (deleted or trimmed from the stream), or a
+	// dead-letter reason: "malformed", "unknown_type", "max_deliveries",
+	// "panic", "exhausted", "permanent" (also for a reason given to [Dead],
+	// which the record's dead_reason attribute has). Defaults to
+	// slog.Default().
 	Logger *slog.Logger
 	// MaxAttempts is the number of attempts of a job that keeps failing,
 	// unless the job's max_attempts field says otherwise; then it is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -62,7 +63,11 @@ type task struct {
 	// job ran, and has been reported lost; no more heartbeats. Guarded by
 	// Consumer.mu.
 	orphaned bool
-	done     chan struct{}
+	// start is when the handler started (zero: not started); guarded by
+	// Consumer.mu. ran is how long it ran, set with finished.
+	start time.Time
+	ran   time.Duration
+	done  chan struct{}
 	// recorder is the job's DeadLetterRecorder, set by middleware.
 	recorder atomic.Pointer[DeadLetterRecorder]
 }
@@ -461,7 +466,9 @@ func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry) {
 func (c *Consumer) readError(ctx context.Context, err error, b *backoff) {
 	c.stats.readErrors.Add(1)
 	c.recoverGroup(ctx, err)
-	c.errLog.error("reading from Redis failed; backing off", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+	if ctx.Err() == nil { // not an error of the consumer's own stop
+		c.errLog.error("reading from Redis failed; backing off", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+	}
 	b.wait(ctx)
 }
 
@@ -479,7 +486,9 @@ func (c *Consumer) sweep(ctx context.Context) {
 	})
 	if err != nil {
 		c.recoverGroup(ctx, err)
-		c.errLog.error("sweeping for idle jobs failed", err, "stream", c.r.Stream, "group", c.r.Group)
+		if ctx.Err() == nil {
+			c.errLog.error("sweeping for idle jobs failed", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+		}
 	}
 }
 
@@ -488,8 +497,10 @@ func (c *Consumer) reportLost(ids []string, when string) {
 		return
 	}
 	c.stats.lost.Add(uint64(len(ids)))
-	c.r.Logger.Error("pending jobs were deleted or trimmed from the stream before they finished; they are lost",
-		"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "when", when, "entry_ids", ids)
+	for _, id := range ids {
+		c.r.Logger.LogAttrs(c.base, slog.LevelError, "pending job was deleted or trimmed from the stream before it finished; it is lost",
+			append(c.entryAttrs(id, errKindLost, ""), slog.String("when", when))...)
+	}
 }
 
 // dispatch starts a job for d. The caller holds a slot for it, which the
@@ -541,6 +552,9 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	c.mu.Lock()
 	t.job = job
 	t.finished = job == nil
+	if job != nil {
+		t.start = time.Now()
+	}
 	c.mu.Unlock()
 	if job == nil {
 		c.settleDead(ctx, d.id, d.fields, reason, deadError, d.deliveries, nil)
@@ -558,6 +572,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	cause := context.Cause(ctx)
 	c.mu.Lock()
 	t.finished = true
+	t.ran = time.Since(t.start)
 	c.mu.Unlock()
 	forget := true // leave the in-flight set now, or (acks) once acknowledged
 	defer func() {
@@ -569,7 +584,8 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	}()
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
-		c.r.Logger.Warn("job's lease was lost to another consumer; not settling it here", jobAttrs(job, err)...)
+		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job's lease was lost to another consumer; not settling it here",
+			c.jobAttrs(t.id, job, t.ran, errKindLeaseLost, errText(err))...)
 	case err == nil:
 		// The job stays in the in-flight set until the ack loop has
 		// acknowledged it, so that this consumer's own sweep cannot start
@@ -611,7 +627,9 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 		lost, err := c.claimer.Extend(sctx, chunk...)
 		cancel()
 		if err != nil {
-			c.errLog.error("extending the visibility of running jobs failed", err, "stream", c.r.Stream, "group", c.r.Group)
+			if ctx.Err() == nil {
+				c.errLog.error("extending the visibility of running jobs failed", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+			}
 			return
 		}
 		gone := make(map[string]bool, len(lost))
@@ -679,7 +697,9 @@ func (c *Consumer) promote(ctx context.Context) {
 	for range 8 {
 		n, err := stream.PromoteDue(ctx, c.rdb, c.r.Stream, limit)
 		if err != nil {
-			c.errLog.error("moving due jobs from the delayed set failed", err, "stream", c.r.Stream)
+			if ctx.Err() == nil { // not an error of the consumer's own stop
+				c.errLog.error("moving due jobs from the delayed set failed", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+			}
 			return
 		}
 		if n < limit {
@@ -692,7 +712,9 @@ func (c *Consumer) reap(ctx context.Context) {
 	names, err := c.claimer.Reap(ctx, c.r.IdleConsumerTimeout)
 	if err != nil {
 		c.recoverGroup(ctx, err)
-		c.errLog.error("removing idle consumers failed", err, "stream", c.r.Stream, "group", c.r.Group)
+		if ctx.Err() == nil {
+			c.errLog.error("removing idle consumers failed", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+		}
 		return
 	}
 	if len(names) > 0 {
@@ -710,12 +732,17 @@ func (c *Consumer) giveBack(ids []string) {
 	defer cancel()
 	gone, err := c.claimer.Release(ctx, c.r.VisibilityTimeout, ids...)
 	switch {
+	case err != nil && len(ids) == 1:
+		c.errLog.error("giving back an unfinished job failed; it will be reclaimed after the visibility timeout", err,
+			anys(c.entryAttrs(ids[0], errKindShutdown, ""))...)
 	case err != nil:
 		c.errLog.error("giving back unfinished jobs failed; they will be reclaimed after the visibility timeout", err,
-			"stream", c.r.Stream, "entry_ids", ids)
-	case len(gone) > 0:
-		c.r.Logger.Warn("unfinished jobs to give back were no longer owned by this consumer (reclaimed by another, or deleted from the stream)",
-			"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "entry_ids", gone)
+			"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "entry_ids", ids)
+	default:
+		for _, id := range gone {
+			c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "unfinished job to give back was no longer owned by this consumer (reclaimed by another, or deleted from the stream)",
+				c.entryAttrs(id, errKindShutdown, "")...)
+		}
 	}
 }
 
@@ -739,4 +766,25 @@ func laterID(a, b string) string {
 		return b
 	}
 	return a
+}
+
+// taskOf returns the task whose handler context is ctx, or nil.
+func taskOf(ctx context.Context) *task {
+	if ctx == nil {
+		return nil
+	}
+	t, _ := ctx.Value(jobKey{}).(*task)
+	return t
+}
+
+// handlerTime returns how long t's handler ran, or has run so far; 0 if it
+// has not started. Call it with Consumer.mu held, or from t's goroutine.
+func (t *task) handlerTime() time.Duration {
+	switch {
+	case t == nil || t.start.IsZero():
+		return 0
+	case t.finished:
+		return t.ran
+	}
+	return time.Since(t.start)
 }

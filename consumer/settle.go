@@ -5,6 +5,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -123,17 +124,33 @@ func (c *Consumer) flushAcks(ids []string) {
 		res, err := ackScript.Run(ctx, c.rdb, []string{c.r.Stream}, args...).Slice()
 		if err == nil {
 			c.stats.acked.Add(uint64(len(ids) - (len(res) - 1)))
-			if stale := res[1:]; len(stale) > 0 {
-				c.stats.stale.Add(uint64(len(stale)))
-				c.r.Logger.Warn("finished jobs were no longer owned by this consumer (reclaimed or already acknowledged); not acknowledged here",
-					"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "entry_ids", stale)
+			stale := res[1:]
+			for _, id := range stale {
+				id, _ := id.(string)
+				c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "finished job was no longer owned by this consumer (reclaimed or already acknowledged); not acknowledged here",
+					c.entryAttrs(id, errKindLeaseLost, "")...)
+			}
+			c.stats.stale.Add(uint64(len(stale)))
+			// Checked once per batch, so that a logger without Debug costs
+			// nothing per job.
+			if c.r.Logger.Enabled(c.base, slog.LevelDebug) {
+				c.logDone(ids, stale)
 			}
 			return
 		}
 		if !b.wait(ctx) {
 			c.errLog.error("acknowledging finished jobs failed; they stay pending and will run again", err,
-				"stream", c.r.Stream, "group", c.r.Group, "count", len(ids))
+				"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "count", len(ids))
 			return
+		}
+	}
+}
+
+// logDone logs "job done" at Debug for each of ids but the stale ones.
+func (c *Consumer) logDone(ids []string, stale []any) {
+	for _, id := range ids {
+		if !slices.Contains(stale, any(id)) {
+			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job done", c.entryAttrs(id, "", "")...)
 		}
 	}
 }
@@ -204,15 +221,33 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 	ctx, cancel := c.settleContext()
 	defer cancel()
 	res, serr := retryScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.keys.Delayed}, args...).Result()
+	kind := errKindRetryable
+	switch {
+	case !count:
+		kind = errKindSnooze
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(context.Cause(jobCtx), context.DeadlineExceeded):
+		kind = errKindTimeout
+	}
+	ran := taskOf(jobCtx).handlerTime()
 	switch {
 	case serr != nil:
-		c.errLog.error("scheduling a retry failed; the job stays pending and will run again", serr, jobAttrs(job, err)...)
+		attrs := append(c.jobAttrs(d.id, job, ran, kind, ""), slog.String("job_error", truncate(errText(err))))
+		c.errLog.error("scheduling a retry failed; the job stays pending and will run again", serr, anys(attrs)...)
 	case res == int64(-1):
 		c.stats.stale.Add(1)
-		c.r.Logger.Warn("failed job was no longer owned by this consumer; not rescheduled here", jobAttrs(job, err)...)
+		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "failed job was no longer owned by this consumer; not rescheduled here",
+			c.jobAttrs(d.id, job, ran, errKindLeaseLost, errText(err))...)
+	case !count:
+		c.stats.retried.Add(1)
+		// A snooze is not a failure: Debug only.
+		if c.r.Logger.Enabled(c.base, slog.LevelDebug) {
+			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job snoozed; rescheduled",
+				append(c.jobAttrs(d.id, job, ran, kind, errText(err)), slog.Int64("delay_ms", delay.Milliseconds()))...)
+		}
 	default:
 		c.stats.retried.Add(1)
-		c.r.Logger.Warn("job failed; retry scheduled", append(jobAttrs(job, err), "delay_ms", delay.Milliseconds(), "counts_attempt", count)...)
+		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job failed; retry scheduled",
+			append(c.jobAttrs(d.id, job, ran, kind, errText(err)), slog.Int64("delay_ms", delay.Milliseconds()))...)
 	}
 }
 
@@ -237,26 +272,27 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 	ctx, cancel := c.settleContext()
 	defer cancel()
 	res, err := deadScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.DeadLetterStream}, args...).Result()
-	attrs := []any{"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "entry_id", id, "dead_reason", reason, "error", msg}
-	if job != nil {
-		attrs = append(attrs, "job_id", job.ID, "job_type", job.Type, "attempt", job.Attempt)
-	}
+	kind, ran := deadKind(reason), taskOf(jobCtx).handlerTime()
 	if err != nil {
-		c.errLog.error("dead-lettering failed; the job stays pending and will be delivered again", err, attrs...)
+		attrs := append(c.jobAttrs(id, job, ran, kind, ""), slog.String("dead_reason", reason), slog.String("job_error", truncate(msg)))
+		c.errLog.error("dead-lettering failed; the job stays pending and will be delivered again", err, anys(attrs)...)
 		return
 	}
 	reply, _ := res.([]any)
 	if len(reply) != 2 {
 		c.stats.stale.Add(1)
-		c.r.Logger.Warn("job to dead-letter was no longer owned by this consumer; not dead-lettered here", attrs...)
+		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job to dead-letter was no longer owned by this consumer; not dead-lettered here",
+			append(c.jobAttrs(id, job, ran, errKindLeaseLost, msg), slog.String("dead_reason", reason))...)
 		return
 	}
 	info.DeadEntryID, _ = reply[0].(string)
 	c.stats.dead.Add(1)
-	c.r.Logger.Error("job dead-lettered", append(attrs, "dead_letter_stream", c.r.DeadLetterStream, "dead_entry_id", info.DeadEntryID)...)
+	c.r.Logger.LogAttrs(c.base, slog.LevelError, "job dead-lettered", append(c.jobAttrs(id, job, ran, kind, msg),
+		slog.String("dead_reason", reason), slog.String("dead_letter_stream", c.r.DeadLetterStream), slog.String("dead_entry_id", info.DeadEntryID))...)
 	if trimmed, _ := reply[1].(int64); trimmed > 0 {
 		c.stats.deadTrimmed.Add(uint64(trimmed))
 		c.r.Logger.Warn("the dead-letter stream is over Config.DeadLetterMaxLen: its oldest entries were removed",
+			"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer,
 			"dead_letter_stream", c.r.DeadLetterStream, "removed", trimmed, "max_len", c.r.DeadLetterMaxLen)
 	}
 	if rec != nil {
@@ -304,16 +340,107 @@ func splitID(id string) (ms, seq uint64) {
 	return ms, seq
 }
 
-func jobAttrs(job *stream.Job, err error) []any {
-	attrs := []any{"stream", job.Stream, "entry_id", job.EntryID, "job_id", job.ID, "job_type", job.Type, "attempt", job.Attempt}
-	if job.IdempotencyKey != "" {
-		attrs = append(attrs, "idempotency_key", job.IdempotencyKey)
+// Values of the error_kind attribute of log records about a job, besides
+// "" (none) and the dead-letter reasons (see [Config.Logger]).
+const (
+	errKindRetryable = "retryable"
+	errKindSnooze    = "snooze"
+	errKindTimeout   = "timeout"
+	errKindShutdown  = "shutdown"
+	errKindLeaseLost = "lease_lost"
+	errKindLost      = "lost"
+)
+
+// deadKind returns the error_kind of a job dead-lettered with reason: the
+// reason when it is one of the consumer's, else (a reason a handler gave to
+// [Dead]) "permanent", so that error_kind stays a closed set; the record's
+// dead_reason attribute has the reason itself.
+func deadKind(reason string) string {
+	switch reason {
+	case ReasonMalformed, ReasonUnknownType, ReasonMaxDeliveries, ReasonPanic, ReasonExhausted, ReasonPermanent:
+		return reason
 	}
-	if job.LockKey != "" {
-		attrs = append(attrs, "lock_key", job.LockKey)
+	return ReasonPermanent
+}
+
+// jobAttrs returns the attributes of a log record about one job: always the
+// same keys, in the same order, with "" or 0 where a value is unknown (job
+// is nil for an entry that did not decode), then "error" when msg is not
+// empty. ran is how long the handler ran. It never includes the payload or
+// the entry's raw fields.
+func (c *Consumer) jobAttrs(entryID string, job *stream.Job, ran time.Duration, kind, msg string) []slog.Attr {
+	var id, typ, idem, lock, trace string
+	var attempt int
+	if job != nil {
+		id, typ, idem, lock, attempt = job.ID, job.Type, job.IdempotencyKey, job.LockKey, job.Attempt
+		trace = traceID(job.TraceParent)
 	}
-	if err != nil {
-		attrs = append(attrs, "error", err.Error())
+	attrs := make([]slog.Attr, 0, 16) // room for a record's own attributes
+	attrs = append(attrs,
+		slog.String("stream", c.r.Stream),
+		slog.String("group", c.r.Group),
+		slog.String("consumer", c.r.Consumer),
+		slog.String("entry_id", entryID),
+		slog.String("job_id", id),
+		slog.String("job_type", typ),
+		slog.String("idempotency_key", idem),
+		slog.Int("attempt", attempt),
+		slog.String("lock_key", lock),
+		slog.String("trace_id", trace),
+		slog.Int64("duration_ms", ran.Milliseconds()),
+		slog.String("error_kind", kind),
+	)
+	if msg != "" {
+		attrs = append(attrs, slog.String("error", truncate(msg)))
 	}
 	return attrs
+}
+
+// entryAttrs returns [Consumer.jobAttrs] for entry id, with the job and the
+// handler's run time of the task running it, if any.
+func (c *Consumer) entryAttrs(id, kind, msg string) []slog.Attr {
+	var job *stream.Job
+	var ran time.Duration
+	c.mu.Lock()
+	if t := c.inflight[id]; t != nil {
+		job, ran = t.job, t.handlerTime()
+	}
+	c.mu.Unlock()
+	return c.jobAttrs(id, job, ran, kind, msg)
+}
+
+// anys converts attrs for a function taking slog's ...any arguments.
+func anys(attrs []slog.Attr) []any {
+	out := make([]any, len(attrs))
+	for i, a := range attrs {
+		out[i] = a
+	}
+	return out
+}
+
+// traceID returns the trace ID of a W3C traceparent header,
+// "<version>-<32 hex trace id>-<16 hex parent id>-<2 hex flags>", or "" when
+// the header is not well formed. It does not allocate.
+func traceID(tp string) string {
+	const n = 55 // length of a version 00 header
+	switch {
+	case len(tp) < n,
+		len(tp) > n && (tp[:2] == "00" || tp[n] != '-'), // later versions may append fields
+		tp[2] != '-' || tp[35] != '-' || tp[52] != '-',
+		!isLowerHex(tp[:2]) || tp[:2] == "ff",
+		!isLowerHex(tp[3:35]) || !isLowerHex(tp[36:52]) || !isLowerHex(tp[53:55]),
+		tp[3:35] == "00000000000000000000000000000000",
+		tp[36:52] == "0000000000000000":
+		return ""
+	}
+	return tp[3:35]
+}
+
+func isLowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

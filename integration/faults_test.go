@@ -606,11 +606,11 @@ func faultPEL(t *testing.T, s *scenario) map[string]redis.XPendingExt {
 	return m
 }
 
-// faultLostReported reports whether log has a "pending jobs were deleted or
-// trimmed" line naming entry id (and, unless when is empty, saying when).
+// faultLostReported reports whether log has a "pending job was deleted or
+// trimmed" record naming entry id (and, unless when is empty, saying when).
 func faultLostReported(log, id, when string) bool {
 	for _, line := range strings.Split(log, "\n") {
-		if strings.Contains(line, "pending jobs were deleted or trimmed") && strings.Contains(line, id) &&
+		if strings.Contains(line, "pending job was deleted or trimmed") && strings.Contains(line, "entry_id="+id) &&
 			(when == "" || strings.Contains(line, when)) {
 			return true
 		}

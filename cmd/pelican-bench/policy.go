@@ -11,7 +11,11 @@ import (
 	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/lockx"
 	"github.com/pelicanqueue/pelican/middleware"
+	"github.com/pelicanqueue/pelican/middleware/metrics"
+	"github.com/pelicanqueue/pelican/middleware/tracing"
 	"github.com/pelicanqueue/pelican/stream"
+	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // policyPhase is one measured configuration of the failure-policy phases.
@@ -112,7 +116,17 @@ func (b *bench) deleteKeys(ctx context.Context, patterns ...string) {
 // (the first job's failure opens it for an hour).
 func (b *bench) extraPolicyPhases() []policyPhase {
 	errDown := errors.New("bench: downstream down")
+	m := metrics.New(prometheus.NewRegistry(), metrics.Config{})
+	tp := sdktrace.NewTracerProvider() // the real SDK, sampling every span, with no exporter
 	return []policyPhase{{
+		name: "trace+metrics",
+		mws: []consumer.Middleware{
+			tracing.Middleware(tracing.Config{TracerProvider: tp, Group: "g"}),
+			m.Middleware(),
+		},
+		h:    func(context.Context, *stream.Job) error { return nil },
+		done: func(st consumer.Stats, n int) bool { return st.Acked >= uint64(n) },
+	}, {
 		name: "lock+idem",
 		mws: []consumer.Middleware{
 			middleware.Lock(lockx.New(b.rdb, lockx.Config{Prefix: "bench:lock:"}), middleware.LockConfig{

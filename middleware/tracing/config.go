@@ -1,0 +1,60 @@
+package tracing
+
+import (
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pelicanqueue/pelican/consumer"
+)
+
+// ScopeName is the instrumentation scope of the tracer this package uses.
+const ScopeName = "github.com/pelicanqueue/pelican/middleware/tracing"
+
+// MessagingSystem is the messaging.system attribute of every span: the
+// semantic conventions list no value for Redis Streams, so Pelican uses the
+// name of the server, "redis", as a custom value.
+const MessagingSystem = "redis"
+
+// Config configures [Middleware], [Around], [Handler] and [Producer].
+type Config struct {
+	// Group is the consumer group's name, recorded as
+	// messaging.consumer.group.name on consumer spans. Defaults to "" (not
+	// recorded).
+	Group string
+	// Link, when true, starts each consumer span as a new trace with a link
+	// to the producer's span instead of as its child. Defaults to false
+	// (child of the producer's span).
+	Link bool
+	// MaxAttempts is the consumer's Config.MaxAttempts, used to record a
+	// retry decided on a job's last attempt as the dead-letter the consumer
+	// turns it into (a job's own max_attempts field takes precedence).
+	// Defaults to [consumer.DefaultMaxAttempts].
+	MaxAttempts int
+	// Propagator reads and writes the job's trace context. Defaults to
+	// propagation.TraceContext{} (W3C traceparent and tracestate, the
+	// fields of the wire format), not the global propagator.
+	Propagator propagation.TextMapPropagator
+	// TracerProvider creates the tracer. Defaults to the global provider,
+	// otel.GetTracerProvider(), looked up when the middleware is built.
+	TracerProvider trace.TracerProvider
+}
+
+// withDefaults returns cfg with its zero fields set to their defaults.
+func (cfg Config) withDefaults() Config {
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = consumer.DefaultMaxAttempts
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = propagation.TraceContext{}
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	return cfg
+}
+
+// tracer returns the package's tracer from cfg's provider.
+func (cfg Config) tracer() trace.Tracer {
+	return cfg.TracerProvider.Tracer(ScopeName)
+}
