@@ -28,13 +28,12 @@ import (
 	"os/signal"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/embedded"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/middleware/metrics"
 	"github.com/pelicanqueue/pelican/stream"
@@ -62,7 +61,7 @@ func main() {
 // cancelled. It closes ln.
 func run(ctx context.Context, ln net.Listener, out io.Writer) error {
 	defer ln.Close()
-	rdb, where, closeRedis, err := connect()
+	rdb, where, closeRedis, err := embedded.Connect()
 	if err != nil {
 		return err
 	}
@@ -127,27 +126,4 @@ func run(ctx context.Context, ln net.Listener, out io.Writer) error {
 		return err
 	}
 	return runErr
-}
-
-// connect returns a client for REDIS_URL, or for an embedded miniredis when
-// REDIS_URL is unset.
-func connect() (redis.UniversalClient, string, func(), error) {
-	if url := os.Getenv("REDIS_URL"); url != "" {
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			return nil, "", nil, fmt.Errorf("REDIS_URL: %w", err)
-		}
-		rdb := redis.NewClient(opt)
-		if err := rdb.Ping(context.Background()).Err(); err != nil {
-			return nil, "", nil, fmt.Errorf("REDIS_URL %s: %w", url, err)
-		}
-		return rdb, opt.Addr, func() { rdb.Close() }, nil
-	}
-	m := miniredis.NewMiniRedis()
-	m.ClockTTL(true) // expire keys by the wall clock, as Redis does
-	if err := m.Start(); err != nil {
-		return nil, "", nil, err
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	return rdb, "embedded (in-memory miniredis; nothing is kept after exit)", func() { rdb.Close(); m.Close() }, nil
 }

@@ -23,10 +23,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/embedded"
 	"github.com/pelicanqueue/pelican/stream"
-	"github.com/redis/go-redis/v9"
 )
 
 // Email is the payload of an email.send job.
@@ -48,7 +47,7 @@ func main() {
 
 func run() error {
 	ctx := context.Background()
-	rdb, where, stop, err := connect()
+	rdb, where, stop, err := embedded.Connect()
 	if err != nil {
 		return err
 	}
@@ -153,27 +152,4 @@ func run() error {
 	}
 	fmt.Printf("pending after shutdown: %d\n", pending.Count)
 	return nil
-}
-
-// connect returns a client for REDIS_URL, or for an embedded miniredis when
-// REDIS_URL is unset.
-func connect() (redis.UniversalClient, string, func(), error) {
-	if url := os.Getenv("REDIS_URL"); url != "" {
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			return nil, "", nil, fmt.Errorf("REDIS_URL: %w", err)
-		}
-		rdb := redis.NewClient(opt)
-		if err := rdb.Ping(context.Background()).Err(); err != nil {
-			return nil, "", nil, fmt.Errorf("REDIS_URL %s: %w", url, err)
-		}
-		return rdb, opt.Addr, func() { rdb.Close() }, nil
-	}
-	m := miniredis.NewMiniRedis()
-	m.ClockTTL(true) // expire keys by the wall clock, as Redis does
-	if err := m.Start(); err != nil {
-		return nil, "", nil, err
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	return rdb, "embedded (in-memory miniredis; nothing is kept after exit)", func() { rdb.Close(); m.Close() }, nil
 }

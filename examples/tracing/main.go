@@ -29,14 +29,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/embedded"
 	"github.com/pelicanqueue/pelican/middleware/tracing"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -68,7 +67,7 @@ func run() (err error) {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.TraceContext{})
 
-	rdb, where, stop, err := connect()
+	rdb, where, stop, err := embedded.Connect()
 	if err != nil {
 		return err
 	}
@@ -143,28 +142,4 @@ func run() (err error) {
 	st := c.Stats()
 	fmt.Printf("processed: %d acked, %d rescheduled; spans are flushed on exit\n", st.Acked, st.Retried)
 	return nil
-}
-
-// connect returns a client for REDIS_URL, or for an embedded miniredis when
-// REDIS_URL is unset.
-func connect() (redis.UniversalClient, string, func(), error) {
-	if url := os.Getenv("REDIS_URL"); url != "" {
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			return nil, "", nil, fmt.Errorf("REDIS_URL: %w", err)
-		}
-		rdb := redis.NewClient(opt)
-		if err := rdb.Ping(context.Background()).Err(); err != nil {
-			rdb.Close()
-			return nil, "", nil, fmt.Errorf("REDIS_URL %s: %w", url, err)
-		}
-		return rdb, opt.Addr, func() { rdb.Close() }, nil
-	}
-	m := miniredis.NewMiniRedis()
-	m.ClockTTL(true)
-	if err := m.Start(); err != nil {
-		return nil, "", nil, err
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	return rdb, "embedded (in-memory miniredis)", func() { rdb.Close(); m.Close() }, nil
 }
