@@ -1,0 +1,479 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/dlq"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+)
+
+// dlqFixture is a source stream on the shared test Redis, its dead-letter
+// stream and the replay keys, all deleted when the test ends.
+type dlqFixture struct {
+	rdb            *redis.Client
+	source, dead   string
+	lease, cursor  string
+	ctx            context.Context
+	nextEntryIDSeq int
+}
+
+func setupDLQ(t *testing.T) *dlqFixture {
+	t.Helper()
+	rdb := redistest.Shared(t)
+	source := redistest.Name(t)
+	d, err := dlq.New(rdb, source, dlq.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, cursor := d.Keys()
+	fx := &dlqFixture{rdb: rdb, source: source, dead: d.Stream(), lease: lease, cursor: cursor, ctx: context.Background()}
+	t.Cleanup(func() { rdb.Del(context.Background(), fx.source, fx.dead, fx.lease, fx.cursor) })
+	return fx
+}
+
+// deadJob describes one dead-letter entry to write.
+type deadJob struct {
+	typ, reason, errText string
+	payload              string
+	deadAt               time.Time
+}
+
+// add XADDs dead-letter entries as consumer/dead.lua writes them: the
+// job's fields, then the dead_* fields. It returns the entry IDs and the
+// job IDs.
+func (fx *dlqFixture) add(t *testing.T, jobs ...deadJob) (ids, jobIDs []string) {
+	t.Helper()
+	pipe := fx.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(jobs))
+	for i, j := range jobs {
+		fx.nextEntryIDSeq++
+		jobID := fmt.Sprintf("job-%s-%d", fx.source, fx.nextEntryIDSeq)
+		if j.payload == "" {
+			j.payload = `{"n":` + strconv.Itoa(fx.nextEntryIDSeq) + `}`
+		}
+		if j.deadAt.IsZero() {
+			j.deadAt = time.Now()
+		}
+		if j.reason == "" {
+			j.reason = "exhausted"
+		}
+		if j.typ == "" {
+			j.typ = "email.send"
+		}
+		jobIDs = append(jobIDs, jobID)
+		cmds[i] = pipe.XAdd(fx.ctx, &redis.XAddArgs{Stream: fx.dead, Values: []any{
+			"v", "1", "type", j.typ, "payload", j.payload, "job_id", jobID, "attempt", "4",
+			"dead_reason", j.reason,
+			"dead_error", j.errText,
+			"dead_at", strconv.FormatInt(j.deadAt.UnixMilli(), 10),
+			"dead_attempts", "5",
+			"dead_consumer", "worker-1",
+			"dead_entry_id", fmt.Sprintf("%d-%d", j.deadAt.UnixMilli()-1000, fx.nextEntryIDSeq),
+			"dead_stream", fx.source,
+		}})
+	}
+	if _, err := pipe.Exec(fx.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cmds {
+		ids = append(ids, c.Val())
+	}
+	return ids, jobIDs
+}
+
+// addMany adds n plain dead jobs.
+func (fx *dlqFixture) addMany(t *testing.T, n int) (jobIDs []string) {
+	t.Helper()
+	for n > 0 {
+		batch := make([]deadJob, min(n, 500))
+		_, js := fx.add(t, batch...)
+		jobIDs = append(jobIDs, js...)
+		n -= len(batch)
+	}
+	return jobIDs
+}
+
+// sourceJobIDs counts the job_id of every entry in the source stream.
+func (fx *dlqFixture) sourceJobIDs(t *testing.T) map[string]int {
+	t.Helper()
+	msgs, err := fx.rdb.XRange(fx.ctx, fx.source, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[string]int, len(msgs))
+	for _, m := range msgs {
+		id, _ := m.Values["job_id"].(string)
+		seen[id]++
+	}
+	return seen
+}
+
+// checkReplayedOnce fails unless every job in want is in the source stream
+// exactly once, nothing else is, and the dead-letter stream is empty.
+func (fx *dlqFixture) checkReplayedOnce(t *testing.T, want []string) {
+	t.Helper()
+	seen := fx.sourceJobIDs(t)
+	for _, id := range want {
+		if seen[id] != 1 {
+			t.Errorf("job %s is %d times in the source stream, want once", id, seen[id])
+		}
+	}
+	if len(seen) != len(want) {
+		t.Errorf("source stream has %d distinct jobs, want %d", len(seen), len(want))
+	}
+	if n := fx.rdb.XLen(fx.ctx, fx.dead).Val(); n != 0 {
+		t.Errorf("dead-letter stream still has %d entries, want 0", n)
+	}
+	if n := fx.rdb.Exists(fx.ctx, fx.cursor, fx.lease).Val(); n != 0 {
+		t.Errorf("replay cursor or lease left behind (%d keys)", n)
+	}
+}
+
+func mustCode(t *testing.T, want int, stdout, stderr string, code int) {
+	t.Helper()
+	if code != want {
+		t.Fatalf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", code, want, stdout, stderr)
+	}
+}
+
+func TestDLQ_LsShow(t *testing.T) {
+	t.Parallel()
+	fx := setupDLQ(t)
+	now := time.Now()
+	ids, jobIDs := fx.add(t,
+		deadJob{typ: "email.send", reason: "exhausted", errText: "smtp: timeout after 30s", deadAt: now.Add(-3 * time.Hour)},
+		deadJob{typ: "sms.send", reason: "panic", errText: "runtime error: nil pointer dereference", deadAt: now.Add(-time.Hour)},
+		deadJob{typ: "email.send", reason: "permanent", errText: "bad address", payload: "\x00\x01\xffbinary", deadAt: now},
+	)
+	lsIDs := func(t *testing.T, args ...string) []string {
+		t.Helper()
+		out, errOut, code := runCLI(t, nil, "", append([]string{"dlq", "ls", fx.source, "-o", "json"}, args...)...)
+		mustCode(t, 0, out, errOut, code)
+		var es []struct {
+			ID       string `json:"id"`
+			Type     string `json:"type"`
+			Reason   string `json:"reason"`
+			Attempts int    `json:"attempts"`
+			JobID    string `json:"job_id"`
+		}
+		if err := json.Unmarshal([]byte(out), &es); err != nil {
+			t.Fatalf("ls json: %v\n%s", err, out)
+		}
+		got := []string{}
+		for _, e := range es {
+			got = append(got, e.ID)
+			if e.Attempts != 5 || e.Type == "" || e.Reason == "" || e.JobID == "" {
+				t.Errorf("ls json entry %+v: missing fields", e)
+			}
+		}
+		return got
+	}
+
+	t.Run("table", func(t *testing.T) {
+		out, errOut, code := runCLI(t, nil, "", "dlq", "ls", fx.source)
+		mustCode(t, 0, out, errOut, code)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 4 {
+			t.Fatalf("ls table: %d lines, want header + 3:\n%s", len(lines), out)
+		}
+		for _, h := range []string{"ID", "DEAD AT", "REASON", "TYPE", "ATTEMPTS", "ERROR"} {
+			if !strings.Contains(lines[0], h) {
+				t.Errorf("ls header %q lacks %q", lines[0], h)
+			}
+		}
+		for i, want := range []string{"exhausted", "panic", "permanent"} {
+			if !strings.HasPrefix(lines[i+1], ids[i]) || !strings.Contains(lines[i+1], want) {
+				t.Errorf("ls line %d = %q, want ID %s and reason %s", i+1, lines[i+1], ids[i], want)
+			}
+		}
+		if !strings.Contains(lines[1], "smtp: timeout") {
+			t.Errorf("ls line lacks the error: %q", lines[1])
+		}
+	})
+
+	t.Run("filters", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			want []string
+		}{
+			{nil, ids},
+			{[]string{"--type", "email.send"}, []string{ids[0], ids[2]}},
+			{[]string{"--type", "sms.send", "--type", "email.send"}, ids},
+			{[]string{"--reason", "panic"}, ids[1:2]},
+			{[]string{"--since", "2h"}, ids[1:]},
+			{[]string{"--until", "2h"}, ids[:1]},
+			{[]string{"--since", now.Add(-90 * time.Minute).UTC().Format(time.RFC3339), "--until", "30m"}, ids[1:2]},
+			{[]string{"--error", "timeout"}, ids[:1]},
+			{[]string{"--limit", "2"}, ids[:2]},
+			{[]string{"--after", ids[0], "--limit", "1"}, ids[1:2]},
+			{[]string{"--type", "nope"}, []string{}},
+		} {
+			if got := lsIDs(t, tc.args...); strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("ls %v = %v, want %v", tc.args, got, tc.want)
+			}
+		}
+		_, errOut, _ := runCLI(t, nil, "", "dlq", "ls", fx.source, "--limit", "1")
+		if !strings.Contains(errOut, "--after "+ids[0]) {
+			t.Errorf("ls --limit 1: stderr %q does not say how to get the next page", errOut)
+		}
+	})
+
+	t.Run("bad filter syntax", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"dlq", "ls", fx.source, "--since", "yesterday"},
+			{"dlq", "ls", fx.source, "--until", "-5m"},
+			{"dlq", "ls", fx.source, "--since", "1h", "--until", "2h"},
+			{"dlq", "replay", fx.source, "--since", "2026-13-01", "--yes"},
+			{"dlq", "purge", fx.source, "--until", "soon", "--yes"},
+			{"dlq", "ls", fx.source, "--limit", "x"},
+		} {
+			out, errOut, code := runCLI(t, nil, "", args...)
+			mustCode(t, exitUsage, out, errOut, code)
+			flag := args[3]
+			if !strings.Contains(errOut, flag) {
+				t.Errorf("%v: stderr %q does not name %s", args, errOut, flag)
+			}
+		}
+		if n := fx.rdb.XLen(fx.ctx, fx.dead).Val(); n != 3 {
+			t.Errorf("a failed command changed the DLQ: %d entries, want 3", n)
+		}
+	})
+
+	t.Run("show", func(t *testing.T) {
+		out, errOut, code := runCLI(t, nil, "", "dlq", "show", fx.source, ids[2])
+		mustCode(t, 0, out, errOut, code)
+		order := []string{"v", "type", "payload", "job_id", "attempt", "dead_reason", "dead_error", "dead_at",
+			"dead_attempts", "dead_consumer", "dead_entry_id", "dead_stream"}
+		last := -1
+		for _, f := range order {
+			i := strings.Index(out, "  "+f+" ")
+			if i <= last {
+				t.Errorf("show: field %s missing or out of order:\n%s", f, out)
+			}
+			last = i
+		}
+		for _, want := range []string{"hex:0001ff62696e617279", jobIDs[2], "email.send", "bad address", "permanent"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("show lacks %q:\n%s", want, out)
+			}
+		}
+		out, errOut, code = runCLI(t, nil, "", "dlq", "show", fx.source, ids[0], "-o", "json")
+		mustCode(t, 0, out, errOut, code)
+		var e struct {
+			ID     string
+			Fields []struct{ Name, Value, Encoding string }
+			Job    *struct {
+				ID, Type string
+			}
+		}
+		if err := json.Unmarshal([]byte(out), &e); err != nil {
+			t.Fatalf("show json: %v\n%s", err, out)
+		}
+		if e.ID != ids[0] || len(e.Fields) != len(order) || e.Job == nil || e.Job.ID != jobIDs[0] || e.Job.Type != "email.send" {
+			t.Errorf("show json = %+v", e)
+		}
+		for i, f := range e.Fields {
+			if f.Name != order[i] || f.Encoding != "text" {
+				t.Errorf("show json field %d = %+v, want %s as text", i, f, order[i])
+			}
+		}
+	})
+
+	t.Run("show unknown", func(t *testing.T) {
+		out, errOut, code := runCLI(t, nil, "", "dlq", "show", fx.source, "1-1")
+		mustCode(t, exitNotFound, out, errOut, code)
+		out, errOut, code = runCLI(t, nil, "", "dlq", "show", fx.source, "not-an-id")
+		mustCode(t, exitUsage, out, errOut, code)
+	})
+}
+
+func TestDLQ_ReplayRate(t *testing.T) {
+	t.Parallel()
+	fx := setupDLQ(t)
+	want := fx.addMany(t, 300)
+	start := time.Now()
+	out, errOut, code := runCLI(t, nil, "", "dlq", "replay", fx.source, "--rate", "100", "--yes", "-o", "json")
+	elapsed := time.Since(start)
+	mustCode(t, 0, out, errOut, code)
+	var res replayJSON
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("replay json: %v\n%s", err, out)
+	}
+	t.Logf("replayed %d jobs in %v (process %v): %.1f jobs/s", res.Replayed, time.Duration(res.Seconds*float64(time.Second)), elapsed, res.Rate)
+	if res.Replayed != 300 {
+		t.Errorf("replayed %d, want 300", res.Replayed)
+	}
+	// 300 moves at 100/s: the last starts 2.99 s after the first.
+	if elapsed < 2700*time.Millisecond || elapsed > 3300*time.Millisecond {
+		t.Errorf("replay of 300 jobs at 100/s took %v, want 3s ±10%%", elapsed)
+	}
+	if res.Rate < 90 || res.Rate > 110 {
+		t.Errorf("observed rate %.1f/s, want 100/s ±10%%", res.Rate)
+	}
+	fx.checkReplayedOnce(t, want)
+}
+
+func TestDLQ_ReplayInterrupted(t *testing.T) {
+	t.Parallel()
+	fx := setupDLQ(t)
+	want := fx.addMany(t, 2000)
+	args := []string{"dlq", "replay", fx.source, "--rate", "500", "--yes"}
+
+	cmd := exec.Command(cliPath, args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "REDIS_URL=" + testRedisURL()}
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	// Interrupt after about 1 s of replay: when ~500 jobs have moved.
+	deadline := time.Now().Add(20 * time.Second)
+	for fx.rdb.XLen(fx.ctx, fx.source).Val() < 500 {
+		if time.Now().After(deadline) {
+			t.Fatalf("replay did not move 500 jobs within 20s\nstderr:\n%s", errOut.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling Redis, not waiting blindly
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupted {
+		t.Fatalf("interrupted replay: %v, want exit %d\nstdout:\n%s\nstderr:\n%s", err, exitInterrupted, out.String(), errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "run the same command again") {
+		t.Errorf("interrupted replay does not say how to resume:\n%s", errOut.String())
+	}
+	moved := fx.rdb.XLen(fx.ctx, fx.source).Val()
+	t.Logf("interrupted after %d of 2000 jobs", moved)
+	if moved <= 0 || moved >= 2000 {
+		t.Fatalf("%d jobs moved before the interrupt, want some but not all", moved)
+	}
+	if fx.rdb.Exists(fx.ctx, fx.lease).Val() != 0 {
+		t.Errorf("interrupted replay left its lease behind")
+	}
+	// The rerun continues from the cursor.
+	o, e, code := runCLI(t, nil, "", append(args, "--rate", "0")...)
+	mustCode(t, 0, o, e, code)
+	if !strings.Contains(o, "continuing an interrupted replay") {
+		t.Errorf("rerun did not resume:\n%s", o)
+	}
+	fx.checkReplayedOnce(t, want)
+}
+
+func TestDLQ_ReplayRefused(t *testing.T) {
+	t.Parallel()
+	fx := setupDLQ(t)
+	fx.addMany(t, 5)
+
+	t.Run("declined", func(t *testing.T) {
+		for _, stdin := range []string{"n\n", "", "maybe\n"} {
+			out, errOut, code := runCLI(t, nil, stdin, "dlq", "replay", fx.source, "--rate", "0")
+			mustCode(t, exitRefused, out, errOut, code)
+			want := fmt.Sprintf("Replay 5 jobs from %s to %s at no rate limit? [y/N]", fx.dead, fx.source)
+			if !strings.Contains(errOut, want) {
+				t.Errorf("prompt: stderr %q lacks %q", errOut, want)
+			}
+		}
+		if n := fx.rdb.XLen(fx.ctx, fx.source).Val(); n != 0 {
+			t.Errorf("declined replay moved %d jobs", n)
+		}
+	})
+
+	t.Run("dry run", func(t *testing.T) {
+		out, errOut, code := runCLI(t, nil, "", "dlq", "replay", fx.source, "--dry-run")
+		mustCode(t, 0, out, errOut, code)
+		if !strings.Contains(out, "would replay 5 jobs") {
+			t.Errorf("dry run: %q", out)
+		}
+		if n := fx.rdb.XLen(fx.ctx, fx.source).Val(); n != 0 {
+			t.Errorf("dry run moved %d jobs", n)
+		}
+	})
+
+	t.Run("active", func(t *testing.T) {
+		fx.rdb.Set(fx.ctx, fx.lease, "someone-else", time.Minute)
+		defer fx.rdb.Del(fx.ctx, fx.lease)
+		out, errOut, code := runCLI(t, nil, "", "dlq", "replay", fx.source, "--yes")
+		mustCode(t, exitRefused, out, errOut, code)
+		if !strings.Contains(errOut, "another replay") {
+			t.Errorf("stderr %q does not say another replay is running", errOut)
+		}
+		if n := fx.rdb.XLen(fx.ctx, fx.source).Val(); n != 0 {
+			t.Errorf("refused replay moved %d jobs", n)
+		}
+	})
+
+	t.Run("answered yes", func(t *testing.T) {
+		out, errOut, code := runCLI(t, nil, "yes\n", "dlq", "replay", fx.source, "--rate", "0", "--type", "email.send")
+		mustCode(t, 0, out, errOut, code)
+		if n := fx.rdb.XLen(fx.ctx, fx.source).Val(); n != 5 {
+			t.Errorf("confirmed replay moved %d jobs, want 5", n)
+		}
+	})
+}
+
+func TestDLQ_Purge(t *testing.T) {
+	t.Parallel()
+	fx := setupDLQ(t)
+	a := make([]deadJob, 4)
+	for i := range a {
+		a[i] = deadJob{typ: "a", reason: "panic"}
+	}
+	b := make([]deadJob, 6)
+	for i := range b {
+		b[i] = deadJob{typ: "b", reason: "exhausted"}
+	}
+	fx.add(t, a...)
+	keep, _ := fx.add(t, b...)
+
+	out, errOut, code := runCLI(t, nil, "n\n", "dlq", "purge", fx.source, "--type", "a")
+	mustCode(t, exitRefused, out, errOut, code)
+	if want := fmt.Sprintf("Delete 4 matching entries from %s? [y/N]", fx.dead); !strings.Contains(errOut, want) {
+		t.Errorf("prompt: stderr %q lacks %q", errOut, want)
+	}
+	out, errOut, code = runCLI(t, nil, "", "dlq", "purge", fx.source)
+	mustCode(t, exitRefused, out, errOut, code)
+	if n := fx.rdb.XLen(fx.ctx, fx.dead).Val(); n != 10 {
+		t.Fatalf("declined purge left %d entries, want 10", n)
+	}
+
+	out, errOut, code = runCLI(t, nil, "", "dlq", "purge", fx.source, "--reason", "panic", "--dry-run", "-o", "json")
+	mustCode(t, 0, out, errOut, code)
+	var dry purgeJSON
+	if err := json.Unmarshal([]byte(out), &dry); err != nil || !dry.DryRun || dry.Deleted != 4 {
+		t.Errorf("dry run json %q (%v), want 4 would be deleted", out, err)
+	}
+
+	out, errOut, code = runCLI(t, nil, "", "dlq", "purge", fx.source, "--type", "a", "--yes")
+	mustCode(t, 0, out, errOut, code)
+	if !strings.Contains(out, "deleted 4 entries") {
+		t.Errorf("purge output %q", out)
+	}
+	msgs := fx.rdb.XRange(fx.ctx, fx.dead, "-", "+").Val()
+	got := []string{}
+	for _, m := range msgs {
+		got = append(got, m.ID)
+	}
+	if strings.Join(got, ",") != strings.Join(keep, ",") {
+		t.Errorf("after purge --type a: %v, want the type b entries %v", got, keep)
+	}
+	if !strings.Contains(errOut, "purge: 4/4") {
+		t.Errorf("purge printed no progress on a non-terminal stderr: %q", errOut)
+	}
+}

@@ -1,0 +1,361 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+func init() { commands = append(commands, newStatsCmd) }
+
+// deadScanPage and deadScanCap bound the dead-letter scan of stats.
+const (
+	deadScanPage = 500
+	deadScanCap  = 100_000
+)
+
+// streamStats is the state of one stream, as stats prints it.
+type streamStats struct {
+	Stream       string           `json:"stream"`
+	Length       int64            `json:"length"`
+	Delayed      int64            `json:"delayed"`
+	DeadLetters  int64            `json:"dead_letters"`
+	DeadByReason map[string]int64 `json:"dead_by_reason"`
+	// DeadScanned is how many dead letters were read to count DeadByReason;
+	// less than DeadLetters when the scan stopped at its cap.
+	DeadScanned int64        `json:"dead_scanned"`
+	DeadCapped  bool         `json:"dead_scan_capped"`
+	Groups      []groupStats `json:"groups"`
+}
+
+// groupStats is one consumer group of a stream.
+type groupStats struct {
+	Name    string `json:"name"`
+	Pending int64  `json:"pending"`
+	// Lag is nil when Redis cannot tell it.
+	Lag               *int64          `json:"lag"`
+	LastDeliveredID   string          `json:"last_delivered_id"`
+	OldestPendingID   string          `json:"oldest_pending_id,omitempty"`
+	OldestPendingAge  *durationJSON   `json:"oldest_pending_age_ms,omitempty"`
+	OldestPendingIdle *durationJSON   `json:"oldest_pending_idle_ms,omitempty"`
+	Consumers         []consumerStats `json:"consumers"`
+}
+
+// consumerStats is one consumer of a group.
+type consumerStats struct {
+	Name    string       `json:"name"`
+	Pending int64        `json:"pending"`
+	Idle    durationJSON `json:"idle_ms"`
+}
+
+// durationJSON is a duration written as whole milliseconds in JSON.
+type durationJSON time.Duration
+
+func (d durationJSON) MarshalJSON() ([]byte, error) {
+	return []byte(fmt.Sprint(time.Duration(d).Milliseconds())), nil
+}
+
+func newStatsCmd(a *app) *cobra.Command {
+	var watch time.Duration
+	var watchCount int
+	cmd := &cobra.Command{
+		Use:   "stats [stream...]",
+		Short: "Show length, lag, pending, delayed and dead letters of streams",
+		Long: `stats shows, per stream and consumer group: length, lag, pending entries,
+the age and idle time of the oldest pending entry, consumers (idle, pending),
+delayed jobs and dead letters by reason. Without arguments it shows every
+stream of the database (dead-letter streams, ending in ":dlq", excluded).
+Dead letters are counted by reason over at most 100000 entries.
+
+--watch [interval] redraws in place until interrupted (default every 2s).`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			return withClient(ctx, a, func(rdb redis.UniversalClient) error {
+				if watch <= 0 {
+					return statsOnce(ctx, a, rdb, args, false)
+				}
+				for i := 0; watchCount == 0 || i < watchCount; i++ {
+					if i > 0 {
+						select {
+						case <-ctx.Done():
+							return nil
+						case <-time.After(watch):
+						}
+					}
+					if err := statsOnce(ctx, a, rdb, args, true); err != nil {
+						if ctx.Err() != nil {
+							return nil
+						}
+						return err
+					}
+				}
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVarP(&watch, "watch", "w", 0, "refresh in place every interval until interrupted (--watch alone: 2s)")
+	f.Lookup("watch").NoOptDefVal = "2s"
+	f.IntVar(&watchCount, "watch-count", 0, "stop after this many refreshes (for tests)")
+	_ = f.MarkHidden("watch-count")
+	return cmd
+}
+
+// statsOnce collects and prints the stats once; clear redraws the screen.
+func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []string, clear bool) error {
+	if len(names) == 0 {
+		var err error
+		if names, err = scanStreams(ctx, rdb); err != nil {
+			return err
+		}
+	} else {
+		for _, s := range names {
+			if _, err := stream.KeysFor(s); err != nil {
+				return fail(exitUsage, "stream %q: %v", s, err)
+			}
+			if err := checkStream(ctx, rdb, s); err != nil {
+				return err
+			}
+		}
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return fail(exitError, "redis TIME: %w", err)
+	}
+	all := make([]streamStats, 0, len(names))
+	for _, s := range names {
+		st, err := collectStats(ctx, rdb, s, now)
+		if err != nil {
+			return err
+		}
+		all = append(all, st)
+	}
+	if clear {
+		fmt.Fprint(a.out, "\x1b[H\x1b[2J")
+	}
+	if a.output == "json" {
+		return printJSON(a, all)
+	}
+	if clear {
+		fmt.Fprintf(a.out, "pelican stats  %s  (Ctrl-C to stop)\n\n", now.UTC().Format(time.RFC3339))
+	}
+	if len(all) == 0 {
+		fmt.Fprintln(a.out, "no streams")
+		return nil
+	}
+	for i, st := range all {
+		if i > 0 {
+			fmt.Fprintln(a.out)
+		}
+		if err := printStats(a, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scanStreams returns the stream keys of the database (of every master in a
+// cluster), sorted, without dead-letter streams.
+func scanStreams(ctx context.Context, rdb redis.UniversalClient) ([]string, error) {
+	var mu sync.Mutex
+	var keys []string
+	scan := func(ctx context.Context, c redis.UniversalClient) error {
+		it := c.ScanType(ctx, 0, "*", 1000, "stream").Iterator()
+		for it.Next(ctx) {
+			k := it.Val()
+			if strings.HasSuffix(k, ":dlq") {
+				continue
+			}
+			mu.Lock()
+			keys = append(keys, k)
+			mu.Unlock()
+		}
+		return it.Err()
+	}
+	var err error
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, rdb)
+	}
+	if err != nil {
+		return nil, fail(exitError, "scan streams: %w", err)
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+// collectStats reads the state of stream s; now is the server's time.
+func collectStats(ctx context.Context, rdb redis.UniversalClient, s string, now time.Time) (streamStats, error) {
+	st := streamStats{Stream: s, DeadByReason: map[string]int64{}, Groups: []groupStats{}}
+	keys, err := stream.KeysFor(s)
+	if err != nil {
+		return st, fail(exitUsage, "stream %q: %v", s, err)
+	}
+	pipe := rdb.Pipeline()
+	xlen := pipe.XLen(ctx, s)
+	delayed := pipe.ZCard(ctx, keys.Delayed)
+	dead := pipe.XLen(ctx, keys.Dead)
+	groups := pipe.XInfoGroups(ctx, s)
+	_, _ = pipe.Exec(ctx)
+	if err := xlen.Err(); err != nil {
+		if wrongType(err) {
+			return st, fail(exitError, "wrong key type: %q is not a stream", s)
+		}
+		return st, fail(exitError, "XLEN %s: %w", s, err)
+	}
+	st.Length = xlen.Val()
+	if err := delayed.Err(); err != nil {
+		return st, fail(exitError, "ZCARD %s: %w", keys.Delayed, err)
+	}
+	st.Delayed = delayed.Val()
+	if err := dead.Err(); err != nil {
+		return st, fail(exitError, "XLEN %s: %w", keys.Dead, err)
+	}
+	st.DeadLetters = dead.Val()
+	gs, err := groups.Result()
+	if err != nil {
+		if strings.Contains(err.Error(), "no such key") {
+			return st, fail(exitNotFound, "unknown stream %q", s)
+		}
+		return st, fail(exitError, "XINFO GROUPS %s: %w", s, err)
+	}
+	for _, g := range gs {
+		gst := groupStats{Name: g.Name, Pending: g.Pending, LastDeliveredID: g.LastDeliveredID, Consumers: []consumerStats{}}
+		if g.Lag >= 0 {
+			lag := g.Lag
+			gst.Lag = &lag
+		}
+		cs, err := rdb.XInfoConsumers(ctx, s, g.Name).Result()
+		if err != nil {
+			return st, fail(exitError, "XINFO CONSUMERS %s %s: %w", s, g.Name, err)
+		}
+		for _, c := range cs {
+			gst.Consumers = append(gst.Consumers, consumerStats{Name: c.Name, Pending: c.Pending, Idle: durationJSON(c.Idle)})
+		}
+		if g.Pending > 0 {
+			p, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s, Group: g.Name, Start: "-", End: "+", Count: 1}).Result()
+			if err != nil {
+				return st, fail(exitError, "XPENDING %s %s: %w", s, g.Name, err)
+			}
+			if len(p) > 0 {
+				gst.OldestPendingID = p[0].ID
+				idle := durationJSON(p[0].Idle)
+				gst.OldestPendingIdle = &idle
+				if t, ok := stream.EntryTime(p[0].ID); ok {
+					age := durationJSON(max(now.Sub(t), 0))
+					gst.OldestPendingAge = &age
+				}
+			}
+		}
+		st.Groups = append(st.Groups, gst)
+	}
+	if st.DeadLetters > 0 {
+		if err := countDeadReasons(ctx, rdb, keys.Dead, &st); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// countDeadReasons reads the dead-letter stream in pages and counts its
+// entries by dead_reason, up to deadScanCap entries.
+func countDeadReasons(ctx context.Context, rdb redis.UniversalClient, dead string, st *streamStats) error {
+	start := "-"
+	for st.DeadScanned < deadScanCap {
+		n := min(deadScanPage, deadScanCap-st.DeadScanned)
+		msgs, err := rdb.XRangeN(ctx, dead, start, "+", n).Result()
+		if err != nil {
+			if wrongType(err) {
+				return fail(exitError, "wrong key type: dead-letter key %q is not a stream", dead)
+			}
+			return fail(exitError, "XRANGE %s: %w", dead, err)
+		}
+		for _, m := range msgs {
+			reason, _ := m.Values["dead_reason"].(string)
+			if reason == "" {
+				reason = "unknown"
+			}
+			st.DeadByReason[reason]++
+		}
+		st.DeadScanned += int64(len(msgs))
+		if int64(len(msgs)) < n {
+			return nil
+		}
+		start = "(" + msgs[len(msgs)-1].ID
+	}
+	// Stopped at the cap: capped only if entries remain.
+	st.DeadCapped = st.DeadScanned < st.DeadLetters
+	return nil
+}
+
+// printStats writes one stream's stats as tables.
+func printStats(a *app, st streamStats) error {
+	t := newTable(a, "STREAM", "LENGTH", "DELAYED", "DEAD")
+	t.Row(st.Stream, st.Length, st.Delayed, st.DeadLetters)
+	if err := t.Flush(); err != nil {
+		return err
+	}
+	if len(st.Groups) == 0 {
+		fmt.Fprintln(a.out, "\nno consumer groups")
+	} else {
+		fmt.Fprintln(a.out)
+		t = newTable(a, "GROUP", "PENDING", "LAG", "OLDEST PENDING", "AGE", "IDLE", "CONSUMERS")
+		for _, g := range st.Groups {
+			t.Row(g.Name, g.Pending, g.Lag, g.OldestPendingID, optDuration(g.OldestPendingAge), optDuration(g.OldestPendingIdle), len(g.Consumers))
+		}
+		if err := t.Flush(); err != nil {
+			return err
+		}
+		var rows [][]any
+		for _, g := range st.Groups {
+			for _, c := range g.Consumers {
+				rows = append(rows, []any{g.Name, c.Name, time.Duration(c.Idle), c.Pending})
+			}
+		}
+		if len(rows) > 0 {
+			fmt.Fprintln(a.out)
+			t = newTable(a, "GROUP", "CONSUMER", "IDLE", "PENDING")
+			for _, r := range rows {
+				t.Row(r...)
+			}
+			if err := t.Flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if len(st.DeadByReason) > 0 {
+		fmt.Fprintln(a.out)
+		reasons := make([]string, 0, len(st.DeadByReason))
+		for r := range st.DeadByReason {
+			reasons = append(reasons, r)
+		}
+		sort.Strings(reasons)
+		t = newTable(a, "DEAD REASON", "COUNT")
+		for _, r := range reasons {
+			t.Row(r, st.DeadByReason[r])
+		}
+		if err := t.Flush(); err != nil {
+			return err
+		}
+		if st.DeadCapped {
+			fmt.Fprintf(a.out, "(dead letters counted over the first %d of %d entries)\n", st.DeadScanned, st.DeadLetters)
+		}
+	}
+	return nil
+}
+
+func optDuration(d *durationJSON) any {
+	if d == nil {
+		return nil
+	}
+	return time.Duration(*d)
+}
