@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -330,22 +329,27 @@ type ledgerEntry struct {
 	Attempt    int
 }
 
-// readLedger returns the ledger's entries.
-func readLedger(t testing.TB, path string) []ledgerEntry {
+// ledgerLines returns the lines of a ledger file that worker processes
+// append to (none if it does not exist yet).
+func ledgerLines(t testing.TB, path string) []string {
 	t.Helper()
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
 		return nil
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+}
+
+// readLedger returns the ledger's entries.
+func readLedger(t testing.TB, path string) []ledgerEntry {
+	t.Helper()
 	var out []ledgerEntry
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
+	for _, line := range ledgerLines(t, path) {
 		var e ledgerEntry
-		if _, err := fmt.Sscanf(sc.Text(), "%s %s %s %s %d %d", &e.Event, &e.JobID, &e.EntryID, &e.Consumer, &e.Deliveries, &e.Attempt); err != nil {
+		if _, err := fmt.Sscanf(line, "%s %s %s %s %d %d", &e.Event, &e.JobID, &e.EntryID, &e.Consumer, &e.Deliveries, &e.Attempt); err != nil {
 			continue // a line cut short by SIGKILL
 		}
 		out = append(out, e)

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"database/sql"
@@ -225,18 +224,9 @@ type idemEvent struct {
 
 func readIdemLedger(t testing.TB, path string) []idemEvent {
 	t.Helper()
-	f, err := os.Open(path)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	var out []idemEvent
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
+	for _, line := range ledgerLines(t, path) {
+		fs := strings.Fields(line)
 		if len(fs) != 6 {
 			continue // a line cut short by SIGKILL
 		}
