@@ -449,10 +449,4 @@ func TestLock_fencingAfterStall(t *testing.T) {
 }
 
 // lockCleanup deletes every key under prefix.
-func lockCleanup(rdb *redis.Client, prefix string) {
-	ctx := context.Background()
-	keys, _ := rdb.Keys(ctx, prefix+"*").Result()
-	if len(keys) > 0 {
-		rdb.Del(ctx, keys...)
-	}
-}
+func lockCleanup(rdb *redis.Client, prefix string) { redistest.DeleteKeys(rdb, prefix+"*") }

@@ -23,14 +23,7 @@ import (
 func distSetup(t *testing.T, n int) (string, []*redis.Client) {
 	t.Helper()
 	admin := redistest.Shared(t)
-	prefix := redistest.Name(t) + ":"
-	t.Cleanup(func() {
-		ctx := context.Background()
-		keys, _ := admin.Keys(ctx, prefix+"*").Result()
-		if len(keys) > 0 {
-			admin.Del(ctx, keys...)
-		}
-	})
+	prefix := redistest.Prefix(t, admin)
 	clients := make([]*redis.Client, n)
 	for i := range clients {
 		clients[i] = redistest.Shared(t)

@@ -20,14 +20,7 @@ import (
 func idemSetup(t *testing.T) *idem.RedisStore {
 	t.Helper()
 	rdb := redistest.Shared(t)
-	prefix := redistest.Name(t) + ":"
-	t.Cleanup(func() {
-		ctx := context.Background()
-		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
-		if len(keys) > 0 {
-			rdb.Del(ctx, keys...)
-		}
-	})
+	prefix := redistest.Prefix(t, rdb)
 	return idem.NewRedisStore(rdb, idem.RedisConfig{Prefix: prefix, Retention: time.Hour})
 }
 

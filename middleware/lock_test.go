@@ -24,14 +24,7 @@ import (
 func lockSetup(t *testing.T) (*lockx.Client, *redis.Client, string) {
 	t.Helper()
 	rdb := redistest.Shared(t)
-	prefix := redistest.Name(t) + ":"
-	t.Cleanup(func() {
-		ctx := context.Background()
-		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
-		if len(keys) > 0 {
-			rdb.Del(ctx, keys...)
-		}
-	})
+	prefix := redistest.Prefix(t, rdb)
 	return lockx.New(rdb, lockx.Config{Prefix: prefix}), rdb, prefix
 }
 

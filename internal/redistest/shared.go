@@ -78,3 +78,21 @@ func Name(t testing.TB) string {
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
 	return "t:" + name + ":" + hex.EncodeToString(b[:])
 }
+
+// Prefix returns a key prefix of t's own ([Name] followed by ":") and
+// deletes every key under it on rdb when t ends.
+func Prefix(t testing.TB, rdb redis.UniversalClient) string {
+	t.Helper()
+	prefix := Name(t) + ":"
+	t.Cleanup(func() { DeleteKeys(rdb, prefix+"*") })
+	return prefix
+}
+
+// DeleteKeys deletes the keys matching pattern, found with SCAN.
+func DeleteKeys(rdb redis.UniversalClient, pattern string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
+}
