@@ -125,8 +125,10 @@ func (c *Claimer) Extend(ctx context.Context, ids ...string) ([]string, error) {
 
 // Release gives entries this consumer owns but will not finish back to the
 // group: their idle time is set to idle (the visibility timeout), so the
-// next sweep of any consumer takes them at once. It returns the IDs it no
-// longer owned.
+// next sweep of any consumer takes them at once, and their delivery count is
+// lowered by one, so that after that reclaim it is what it was: a job given
+// back unfinished does not count as delivered twice. It returns the IDs it
+// no longer owned.
 func (c *Claimer) Release(ctx context.Context, idle time.Duration, ids ...string) ([]string, error) {
 	return c.touch(ctx, idle, ids)
 }

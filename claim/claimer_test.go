@@ -780,15 +780,22 @@ func TestClaimer_Release(t *testing.T) {
 	if idle := pel[ids[1]].Idle; idle >= visibility {
 		t.Errorf("other entry idle %v; want it untouched (fresh)", idle)
 	}
-	e.wantPending("a", 1, ids...)
+	// Its delivery count went down by one, so that the reclaim brings it
+	// back to where it was: giving back is not a delivery.
+	e.wantPending("a", 0, ids[0])
+	e.wantPending("a", 1, ids[1])
 
 	// Another consumer's sweep with min-idle = the visibility timeout takes
 	// it at once, and only it.
 	b := e.claimer("b")
-	if got := claimedIDs(sweep(t, b, visibility, upTo(10))); !slices.Equal(got, ids[:1]) {
+	claimed := sweep(t, b, visibility, upTo(10))
+	if got := claimedIDs(claimed); !slices.Equal(got, ids[:1]) {
 		t.Errorf("b's sweep claimed %v; want %v", got, ids[:1])
 	}
-	e.wantPending("b", 2, ids[0])
+	if len(claimed) == 1 && len(claimed[0].claimed) == 1 && claimed[0].claimed[0].Deliveries != 1 {
+		t.Errorf("b's sweep claimed %+v; want delivery count 1, as before the give-back", claimed[0].claimed[0])
+	}
+	e.wantPending("b", 1, ids[0])
 	e.wantPending("a", 1, ids[1])
 
 	// a no longer owns it: releasing again is refused and changes nothing.
@@ -799,7 +806,7 @@ func TestClaimer_Release(t *testing.T) {
 	if idle := e.pending()[ids[0]].Idle; idle >= visibility {
 		t.Errorf("b's entry idle %v after a's stale Release; want untouched", idle)
 	}
-	e.wantPending("b", 2, ids[0])
+	e.wantPending("b", 1, ids[0])
 }
 
 // TestClaimer_Reap also decides the dangling case: Redis counts entries

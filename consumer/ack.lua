@@ -1,36 +1,127 @@
--- ack.lua: acknowledge finished jobs that this consumer still owns.
+-- ack.lua: acknowledge finished jobs that this consumer still owns, and delete
+-- settled entries that no consumer group still needs.
 -- KEYS[1]  stream
 -- ARGV[1]  group
 -- ARGV[2]  consumer
--- ARGV[3]  the lowest of the entry IDs
--- ARGV[4]  the highest of the entry IDs
--- ARGV[5..] entry IDs
--- Returns  {acked, not-owned id, ...}
+-- ARGV[3]  "1": delete settled entries that every group has settled; "0": keep them
+-- ARGV[4]  n: the number of entry IDs to acknowledge
+-- ARGV[5]  the lowest of those IDs ("" when n is 0)
+-- ARGV[6]  the highest of those IDs ("" when n is 0)
+-- ARGV[7..6+n]  entry IDs to acknowledge (finished jobs)
+-- ARGV[7+n..]   entry IDs this consumer has already settled with another script
+--               (retry, dead-letter): only to be deleted
+-- Returns  {acked, {id owned by another consumer, ...}, {id no longer pending, ...}, deleted}
 -- XACK itself is not consumer-scoped: a stale worker whose job was reclaimed
 -- would acknowledge the new owner's delivery. One ranged XPENDING over the
 -- batch's IDs, filtered by this consumer, finds what it still owns.
+-- An entry is deleted only when every group has read it (its
+-- last-delivered-id is not lower) and none holds it pending, so nothing a
+-- group has not settled is ever deleted. Mostly by a cheap MINID trim below
+-- the oldest entry any group still needs; when that horizon is held back (a
+-- job running for hours, a lagging group) and settled entries pile up above
+-- it, by XDEL of the settled entries themselves, so that one long job holds
+-- only its own entry (and at most about 1000 settled ones), never all the
+-- entries after it.
+-- Only XACK and XDEL write, and neither needs memory: this script works while
+-- Redis is over maxmemory.
+
+-- IDs are compared and stepped as decimal strings, never as Lua numbers: a
+-- double cannot hold every 64-bit part of an ID.
+local function lessnum(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local function less(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if am ~= bm then return lessnum(am, bm) end
+  return lessnum(as, bs)
+end
+local function incr(s)
+  for i = #s, 1, -1 do
+    local d = string.byte(s, i) - 48
+    if d < 9 then return string.sub(s, 1, i - 1) .. string.char(d + 49) .. string.rep('0', #s - i) end
+  end
+  return '1' .. string.rep('0', #s)
+end
 local function after(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return ms .. '-' .. string.format('%.0f', tonumber(seq) + 1)
+  if seq == '18446744073709551615' then return incr(ms) .. '-0' end
+  return ms .. '-' .. incr(seq)
 end
-local want, n = {}, 0
-for i = 5, #ARGV do want[ARGV[i]] = true end
-local owned = {}
-local start, last = ARGV[3], ARGV[4]
-while true do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], start, last, 1000, ARGV[2])
-  for _, e in ipairs(p) do
-    if want[e[1]] then
-      owned[#owned + 1] = e[1]
-      want[e[1]] = nil
+
+local n = tonumber(ARGV[4])
+local want = {}
+for i = 7, 6 + n do want[ARGV[i]] = true end
+local owned, acked = {}, 0
+if n > 0 then
+  local start, last = ARGV[5], ARGV[6]
+  while true do
+    local p = redis.call('XPENDING', KEYS[1], ARGV[1], start, last, 1000, ARGV[2])
+    for _, e in ipairs(p) do
+      if want[e[1]] then
+        owned[#owned + 1] = e[1]
+        want[e[1]] = nil
+      end
+    end
+    if #p < 1000 or p[#p][1] == last then break end
+    start = after(p[#p][1])
+  end
+end
+local stale, gone = {}, {}
+for i = 7, 6 + n do
+  if want[ARGV[i]] then
+    if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1) == 1 then
+      stale[#stale + 1] = ARGV[i]
+    else
+      gone[#gone + 1] = ARGV[i]
     end
   end
-  if #p < 1000 then break end
-  start = after(p[#p][1])
 end
-if #owned > 0 then n = redis.call('XACK', KEYS[1], ARGV[1], unpack(owned)) end
-local out = {n}
-for i = 5, #ARGV do
-  if want[ARGV[i]] then out[#out + 1] = ARGV[i] end
+if #owned > 0 then acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(owned)) end
+
+local deleted = 0
+if ARGV[3] == '1' then
+  -- The horizon: below it, every group has read and settled every entry.
+  -- A cheap approximate MINID trim removes the whole stream nodes below it.
+  local horizon, busy, others = nil, 0, {}
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    local name, last, lag, pending
+    for i = 1, #g, 2 do
+      local k = g[i]
+      if k == 'name' then name = g[i + 1]
+      elseif k == 'last-delivered-id' then last = g[i + 1]
+      elseif k == 'lag' then lag = g[i + 1]
+      elseif k == 'pending' then pending = g[i + 1] end
+    end
+    if name ~= ARGV[1] then others[#others + 1] = {name, last} end
+    local h = after(last)
+    if pending > 0 then
+      local p = redis.call('XPENDING', KEYS[1], name, '-', '+', 1)
+      if #p == 1 and less(p[1][1], h) then h = p[1][1] end
+    end
+    if horizon == nil or less(h, horizon) then horizon = h end
+    if type(lag) ~= 'number' then busy = math.huge else busy = math.max(busy, lag + pending) end
+  end
+  if horizon then deleted = redis.call('XTRIM', KEYS[1], 'MINID', '~', horizon) end
+  -- Settled entries above the horizon stay until it passes them, unless
+  -- something holds it back (a job pending for long, a lagging group):
+  -- when more than 1000 such entries have piled up, settled entries are
+  -- deleted one by one, if every other group has read them and none holds
+  -- them pending.
+  if redis.call('XLEN', KEYS[1]) - busy > 1000 then
+    local cand = owned
+    for i = 7 + n, #ARGV do cand[#cand + 1] = ARGV[i] end
+    local del = {}
+    for _, id in ipairs(cand) do
+      local free = not less(id, horizon)
+      for _, g in ipairs(others) do
+        if not free then break end
+        if less(g[2], id) or #redis.call('XPENDING', KEYS[1], g[1], id, id, 1) == 1 then free = false end
+      end
+      if free then del[#del + 1] = id end
+    end
+    if #del > 0 then deleted = deleted + redis.call('XDEL', KEYS[1], unpack(del)) end
+  end
 end
-return out
+return {acked, stale, gone, deleted}

@@ -18,7 +18,7 @@ const (
 	DefaultConcurrency         = 10
 	DefaultIdleConsumerTimeout = time.Hour
 	DefaultMaxAttempts         = 25
-	DefaultMaxDeliveries       = 10
+	DefaultMaxCrashes          = 3
 	DefaultPromoteInterval     = 500 * time.Millisecond
 	DefaultSettleTimeout       = 5 * time.Second
 	DefaultShutdownTimeout     = 30 * time.Second
@@ -43,10 +43,11 @@ type Config struct {
 	// DeadLetterStream receives dead-lettered jobs. It must hash to the
 	// stream's cluster slot. Defaults to stream.KeysFor(Stream).Dead.
 	DeadLetterStream string
-	// DeadLetterMaxLen, when positive, bounds the dead-letter stream to about
-	// this many entries: each dead-lettering trims the oldest beyond it, and
-	// the number removed is logged and counted (Stats.DeadTrimmed), never
-	// dropped silently. Defaults to 0: unbounded.
+	// DeadLetterMaxLen, when positive, bounds the dead-letter stream to this
+	// many entries, exactly (MAXLEN =, so that a small bound holds too): each
+	// dead-lettering trims the oldest beyond it, and the number removed is
+	// logged and counted (Stats.DeadTrimmed), never dropped silently.
+	// Defaults to 0: unbounded.
 	DeadLetterMaxLen int64
 	// Group is the consumer group. Required. It is created, with MKSTREAM,
 	// when missing.
@@ -61,6 +62,15 @@ type Config struct {
 	// no pending entries are deleted. Negative disables. Defaults to
 	// [DefaultIdleConsumerTimeout].
 	IdleConsumerTimeout time.Duration
+	// KeepSettled keeps settled entries in the stream. By default a
+	// consumer deletes an entry (XDEL) once it has settled it (acknowledged,
+	// rescheduled as a new entry, or dead-lettered) and every other group of
+	// the stream has read it and holds it no longer, so the stream holds
+	// only unsettled work and memory stays flat without any trimming; a
+	// long-running job holds only its own entry. Set KeepSettled to keep
+	// them (to trim them yourself: stream.TrimAcked, XTRIM). Defaults to
+	// false.
+	KeepSettled bool
 	// Logger receives the consumer's logs. A successful job is logged only at
 	// Debug ("job done"), failures at Warn (retry scheduled, lease lost, stale
 	// settlement) or Error (dead-lettered, lost), and failed Redis commands at
@@ -75,7 +85,7 @@ type Config struct {
 	// deadline, such as MaxRuntime's), "snooze", "shutdown" (given back at
 	// shutdown), "lease_lost" (reclaimed by another consumer, or no longer
 	// owned when settled), "lost" (deleted or trimmed from the stream), or a
-	// dead-letter reason: "malformed", "unknown_type", "max_deliveries",
+	// dead-letter reason: "malformed", "unknown_type", "crashed",
 	// "panic", "exhausted", "permanent" (also for a reason given to [Dead],
 	// which the record's dead_reason attribute has). Defaults to
 	// slog.Default().
@@ -84,11 +94,20 @@ type Config struct {
 	// unless the job's max_attempts field says otherwise; then it is
 	// dead-lettered with reason "exhausted". Defaults to [DefaultMaxAttempts].
 	MaxAttempts int
-	// MaxDeliveries: an entry delivered more often than this (every reclaim
-	// counts, so a job that crashes its worker every time is caught) is
-	// dead-lettered with reason "max_deliveries" instead of being run again.
-	// Defaults to [DefaultMaxDeliveries].
-	MaxDeliveries int
+	// MaxCrashes is how many times a job may be running when its worker
+	// stops without settling it (a crash, a kill, running out of memory, a
+	// stall or a cut-off past the visibility timeout) before it is
+	// dead-lettered with reason "crashed" instead of being run again. Only
+	// runs the job can be blamed for count: a job delivered again (its
+	// delivery count over 1) is a suspect, and each of its runs is counted
+	// in Redis before it starts (the count is cleared when it settles). Its
+	// first counted run may be shared with other jobs; every later one runs
+	// alone on its consumer (no other job starts there until it is
+	// settled). A job that was merely in flight beside one that crashed the
+	// worker has at most one count, and settles when it runs alone, so it is
+	// never dead-lettered for the other's crashes. At least 2. Defaults to
+	// [DefaultMaxCrashes].
+	MaxCrashes int
 	// MaxEntryBytes is the largest entry accepted; larger ones are
 	// dead-lettered as malformed. Defaults to stream.DefaultMaxEntryBytes.
 	MaxEntryBytes int
@@ -174,7 +193,7 @@ func (c Config) resolve() (resolved, error) {
 		name string
 		v    int
 	}{{"Concurrency", c.Concurrency}, {"MaxAttempts", c.MaxAttempts},
-		{"MaxDeliveries", c.MaxDeliveries}, {"MaxEntryBytes", c.MaxEntryBytes}} {
+		{"MaxCrashes", c.MaxCrashes}, {"MaxEntryBytes", c.MaxEntryBytes}} {
 		if n.v < 0 {
 			return bad("Config.%s (%d) must not be negative", n.name, n.v)
 		}
@@ -198,8 +217,11 @@ func (c Config) resolve() (resolved, error) {
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
-	if c.MaxDeliveries == 0 {
-		c.MaxDeliveries = DefaultMaxDeliveries
+	if c.MaxCrashes == 0 {
+		c.MaxCrashes = DefaultMaxCrashes
+	}
+	if c.MaxCrashes < 2 {
+		return bad("Config.MaxCrashes (%d) must be at least 2: a job's first run after a crash may be shared with the job that caused it, so one count cannot be blamed on it alone", c.MaxCrashes)
 	}
 	if c.MaxEntryBytes == 0 {
 		c.MaxEntryBytes = stream.DefaultMaxEntryBytes

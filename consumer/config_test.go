@@ -75,6 +75,7 @@ func TestConsumer_Run_InvalidConfig(t *testing.T) {
 		{"StreamStrayBrace", with(func(c *consumer.Config) { c.Stream = "jobs}q" }), "consumer: Config.Stream: "},
 		{"StreamEmptyTag", with(func(c *consumer.Config) { c.Stream = "{}jobs" }), "consumer: Config.Stream: "},
 		{"MissingGroup", with(func(c *consumer.Config) { c.Group = "" }), "consumer: Config.Group is required"},
+		{"MaxCrashesOne", with(func(c *consumer.Config) { c.MaxCrashes = 1 }), "consumer: Config.MaxCrashes (1) must be at least 2"},
 		{"HeartbeatHalfOfVisibility", with(func(c *consumer.Config) {
 			c.VisibilityTimeout, c.HeartbeatInterval = 10*time.Second, 5*time.Second
 		}), "consumer: Config.HeartbeatInterval (5s) must be less than half of Config.VisibilityTimeout (10s)"},
@@ -117,7 +118,7 @@ func TestConsumer_Run_InvalidConfig(t *testing.T) {
 	}{
 		{"Concurrency", func(c *consumer.Config) { c.Concurrency = -1 }},
 		{"MaxAttempts", func(c *consumer.Config) { c.MaxAttempts = -1 }},
-		{"MaxDeliveries", func(c *consumer.Config) { c.MaxDeliveries = -1 }},
+		{"MaxCrashes", func(c *consumer.Config) { c.MaxCrashes = -1 }},
 		{"MaxEntryBytes", func(c *consumer.Config) { c.MaxEntryBytes = -1 }},
 	} {
 		cases = append(cases, struct {

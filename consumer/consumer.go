@@ -41,13 +41,21 @@ type Consumer struct {
 	claimer *claim.Claimer
 	slots   chan struct{}
 	base    context.Context // parent of the handlers' contexts
-	ackCh   chan string
+	ackCh   chan ackItem
 	ackDone chan struct{}
 	errLog  rateLog
 	stats   counters
 
 	mu       sync.Mutex
 	inflight map[string]*task
+
+	// gate keeps fresh jobs from starting while a suspect waits to run
+	// alone: the read loop holds it shared for each intake, the suspect
+	// runner exclusively (see suspect.go).
+	gate     sync.RWMutex
+	suspects suspectQueue   // new suspects
+	alone    suspectQueue   // suspects that run alone (c.suspects.ready signals both)
+	shared   sync.WaitGroup // suspects started beside other jobs
 }
 
 // task is one running job.
@@ -70,6 +78,9 @@ type task struct {
 	done  chan struct{}
 	// recorder is the job's DeadLetterRecorder, set by middleware.
 	recorder atomic.Pointer[DeadLetterRecorder]
+	// suspect: the job was delivered before (see Config.MaxCrashes); it
+	// runs alone and settles synchronously.
+	suspect bool
 }
 
 // delivery is an entry this consumer now owns.
@@ -138,7 +149,8 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		c.slots <- struct{}{}
 	}
 	c.base = context.WithoutCancel(ctx)
-	c.ackCh = make(chan string, 4*r.Concurrency+256)
+	c.ackCh = make(chan ackItem, 4*r.Concurrency+256)
+	c.suspects.ready = make(chan struct{}, 1)
 	c.ackDone = make(chan struct{})
 	c.inflight = make(map[string]*task)
 	c.errLog = rateLog{log: r.Logger, every: 10 * time.Second}
@@ -167,6 +179,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	}
 	stopAcks := make(chan struct{})
 	side.Go(func() { c.ackLoop(stopAcks) })
+	var runner sync.WaitGroup
+	intakeDone := make(chan struct{})
+	runner.Go(func() { c.runSuspects(work, intakeDone) })
 
 	var drainCtx context.Context
 	select {
@@ -178,7 +193,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	}
 	stopWork()
 	waitInterrupting(&loops, reader)
+	close(intakeDone)
 	abandoned := c.drain(drainCtx)
+	runner.Wait()
 	stopBeat()
 	close(stopAcks)
 	side.Wait()
@@ -298,10 +315,19 @@ func (c *Consumer) snapshot() []*task {
 // createGroup creates the consumer group (and the stream) if missing.
 func (c *Consumer) createGroup(ctx context.Context, start string) error {
 	err := c.rdb.XGroupCreateMkStream(ctx, c.r.Stream, c.r.Group, start).Err()
-	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
-		return fmt.Errorf("consumer: create group %s on %s: %w", c.r.Group, c.r.Stream, err)
+	if err == nil || strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return nil
 	}
-	return nil
+	// Redis over maxmemory refuses XGROUP CREATE (OOM) before it finds that
+	// the group exists; a consumer must start then, to drain the backlog.
+	if groups, gerr := c.rdb.XInfoGroups(ctx, c.r.Stream).Result(); gerr == nil {
+		for _, g := range groups {
+			if g.Name == c.r.Group {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("consumer: create group %s on %s: %w", c.r.Group, c.r.Stream, err)
 }
 
 // checkEviction warns when Redis may evict keys under memory pressure: an
@@ -377,6 +403,8 @@ func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
 		if n == 0 {
 			return
 		}
+		// Entries re-read here were delivered before: all are suspects,
+		// queued without taking a slot, so no gate is needed.
 		entries, deleted, err := c.claimer.ReadOwn(ctx, after, n)
 		if err != nil {
 			c.release(n)
@@ -399,53 +427,62 @@ func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
 	}
 	nextSweep := time.Now()
 	for ctx.Err() == nil {
-		n := c.acquire(ctx, c.r.Concurrency)
-		if n == 0 {
+		if !c.intake(ctx, reader, &nextSweep, &backoff) {
 			return
-		}
-		if !time.Now().Before(nextSweep) {
-			c.release(n)
-			c.sweep(ctx)
-			nextSweep = time.Now().Add(c.r.SweepInterval)
-			continue
-		}
-		res, err := reader.read(ctx, &redis.XReadGroupArgs{
-			Group:    c.r.Group,
-			Consumer: c.r.Consumer,
-			Streams:  []string{c.r.Stream, ">"},
-			Count:    int64(n),
-			Block:    max(min(c.r.Block, time.Until(nextSweep)), time.Millisecond),
-		})
-		if err != nil {
-			c.release(n)
-			if errors.Is(err, redis.Nil) {
-				continue
-			}
-			if ctx.Err() == nil {
-				c.readError(ctx, err, &backoff)
-			}
-			continue
-		}
-		backoff.reset()
-		var msgs []redis.XMessage
-		if len(res) > 0 {
-			msgs = res[0].Messages
-		}
-		c.release(n - len(msgs))
-		if ctx.Err() != nil {
-			// Read after the stop: give the entries back for the next sweep.
-			ids := make([]string, len(msgs))
-			for i, m := range msgs {
-				ids[i] = m.ID
-			}
-			c.giveBack(ids)
-			c.release(len(msgs))
-			return
-		}
-		for _, m := range msgs {
-			c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1})
 		}
 	}
+}
+
+// intake reads or sweeps once, holding the gate shared so that no fresh job
+// starts while a suspect waits to run alone. It returns false when the
+// consumer stops.
+func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep *time.Time, backoff *backoff) bool {
+	c.gate.RLock()
+	defer c.gate.RUnlock()
+	n := c.acquire(ctx, c.r.Concurrency)
+	if n == 0 {
+		return false
+	}
+	if !time.Now().Before(*nextSweep) {
+		c.release(n)
+		c.sweep(ctx)
+		*nextSweep = time.Now().Add(c.r.SweepInterval)
+		return true
+	}
+	res, err := reader.read(ctx, &redis.XReadGroupArgs{
+		Group:    c.r.Group,
+		Consumer: c.r.Consumer,
+		Streams:  []string{c.r.Stream, ">"},
+		Count:    int64(n),
+		Block:    max(min(c.r.Block, time.Until(*nextSweep)), time.Millisecond),
+	})
+	if err != nil {
+		c.release(n)
+		if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
+			c.readError(ctx, err, backoff)
+		}
+		return true
+	}
+	backoff.reset()
+	var msgs []redis.XMessage
+	if len(res) > 0 {
+		msgs = res[0].Messages
+	}
+	c.release(n - len(msgs))
+	if ctx.Err() != nil {
+		// Read after the stop: give the entries back for the next sweep.
+		ids := make([]string, len(msgs))
+		for i, m := range msgs {
+			ids[i] = m.ID
+		}
+		c.giveBack(ids)
+		c.release(len(msgs))
+		return false
+	}
+	for _, m := range msgs {
+		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1})
+	}
+	return true
 }
 
 // dispatchOwned dispatches entries for which reserved slots are held,
@@ -505,9 +542,11 @@ func (c *Consumer) reportLost(ids []string, when string) {
 
 // dispatch starts a job for d. The caller holds a slot for it, which the
 // job's goroutine releases. The entry is decoded there too, so that the
-// read loop spends as little as possible per entry.
+// read loop spends as little as possible per entry. An entry delivered
+// before is a suspect: it gives its slot back and waits for the suspect
+// runner (see suspect.go).
 func (c *Consumer) dispatch(d delivery) {
-	t := &task{id: d.id, touched: time.Now(), done: make(chan struct{})}
+	t := &task{id: d.id, touched: time.Now(), done: make(chan struct{}), suspect: d.deliveries > 1}
 	ctx, cancel := context.WithCancelCause(context.WithValue(c.base, jobKey{}, t))
 	t.cancel = cancel
 	c.mu.Lock()
@@ -525,16 +564,20 @@ func (c *Consumer) dispatch(d delivery) {
 		c.release(1)
 		return
 	}
-	go c.work(ctx, t, d)
+	if t.suspect {
+		c.release(1)
+		c.suspects.push(suspectRun{ctx: ctx, t: t, d: d})
+		return
+	}
+	go func() {
+		defer c.release(1)
+		c.work(ctx, t, d, "")
+	}()
 }
 
 // decode returns d's job, or the dead-letter reason and error of an entry
 // that must not reach the handler.
 func (c *Consumer) decode(d delivery) (job *stream.Job, reason, deadError string) {
-	if d.deliveries > c.r.MaxDeliveries {
-		return nil, ReasonMaxDeliveries, fmt.Sprintf("delivered %d times, more than MaxDeliveries (%d); the job may crash its worker",
-			d.deliveries, c.r.MaxDeliveries)
-	}
 	job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes)
 	if err != nil {
 		return nil, ReasonMalformed, err.Error()
@@ -544,24 +587,42 @@ func (c *Consumer) decode(d delivery) (job *stream.Job, reason, deadError string
 	return job, "", ""
 }
 
-func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
-	defer c.release(1)
+// runEnd is how a job's run ended.
+type runEnd int
+
+const (
+	endSettled   runEnd = iota // settled, or the settlement was attempted
+	endShutdown                // given back at shutdown
+	endLeaseLost               // lost to another consumer
+)
+
+// work runs the job of d and settles it. crashed, when not empty, is the
+// error of a job that must be dead-lettered with reason crashed instead of
+// running (see suspect.go).
+func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string) runEnd {
 	defer close(t.done)
 	defer t.cancel(nil)
 	job, reason, deadError := c.decode(d)
+	if crashed != "" && reason == "" {
+		reason, deadError = ReasonCrashed, crashed
+	}
 	c.mu.Lock()
 	t.job = job
-	t.finished = job == nil
-	if job != nil {
+	t.finished = reason != ""
+	if reason == "" {
 		t.start = time.Now()
 	}
 	c.mu.Unlock()
-	if job == nil {
-		c.settleDead(ctx, d.id, d.fields, reason, deadError, d.deliveries, nil)
+	if reason != "" {
+		attempts := d.deliveries
+		if job != nil {
+			attempts = job.Attempt + 1
+		}
+		c.settleDead(ctx, d.id, d.fields, reason, errors.New(deadError), attempts, job)
 		c.mu.Lock()
 		delete(c.inflight, t.id)
 		c.mu.Unlock()
-		return
+		return endSettled
 	}
 	var stop context.CancelFunc = func() {}
 	if c.r.MaxRuntime > 0 {
@@ -586,16 +647,23 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery) {
 	case errors.Is(cause, ErrLeaseLost):
 		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job's lease was lost to another consumer; not settling it here",
 			c.jobAttrs(t.id, job, t.ran, errKindLeaseLost, errText(err))...)
+		return endLeaseLost
+	case err == nil && t.suspect:
+		// A suspect is acknowledged before the next one starts.
+		forget = false
+		c.flushAcks([]ackItem{{id: t.id}})
 	case err == nil:
 		// The job stays in the in-flight set until the ack loop has
 		// acknowledged it, so that this consumer's own sweep cannot start
 		// it again in between.
-		forget = !c.queueAck(t.id)
+		forget = !c.queueAck(ackItem{id: t.id})
 	case errors.Is(cause, ErrShutdown):
 		c.giveBack([]string{t.id})
+		return endShutdown
 	default:
 		c.settleError(ctx, job, d, err)
 	}
+	return endSettled
 }
 
 // call runs the handler chain, turning a panic into a *PanicError.

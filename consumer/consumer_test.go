@@ -304,8 +304,8 @@ func TestConsumer_Retry(t *testing.T) {
 		waitFor(t, 5*time.Second, "the retry in the delayed set", func() bool {
 			return b.delayed(t) == 1 && len(b.pending(t)) == 0
 		})
-		if n := len(b.entries(t, b.cfg.Stream)); n != 1 {
-			t.Fatalf("stream has %d entries before promotion, want 1", n)
+		if n := len(b.entries(t, b.cfg.Stream)); n != 0 {
+			t.Fatalf("stream has %d entries before promotion, want 0 (the settled entry deleted)", n)
 		}
 		waitFor(t, 5*time.Second, "Stats().Retried = 1", func() bool { return c.Stats().Retried == 1 })
 
@@ -377,8 +377,9 @@ func TestConsumer_Retry(t *testing.T) {
 		mu.Unlock()
 		d := b.dead(t)[0]
 		if field(d, "dead_reason") != consumer.ReasonExhausted || field(d, "dead_attempts") != "3" ||
-			field(d, "dead_error") != "boom 3" || field(d, "job_id") != job.ID || field(d, "attempt") != "2" {
-			t.Errorf("dead-letter entry = %v; want reason exhausted, dead_attempts 3, dead_error \"boom 3\", job_id %s, attempt 2",
+			field(d, "dead_error") != "attempt 3 of 3: boom 3" || field(d, "job_id") != job.ID || field(d, "attempt") != "2" ||
+			field(d, "last_error") != "boom 3" || field(d, "error_history") != `["boom 1","boom 2","boom 3"]` {
+			t.Errorf("dead-letter entry = %v; want reason exhausted, dead_attempts 3, dead_error \"attempt 3 of 3: boom 3\", last_error \"boom 3\", the three errors in error_history, job_id %s, attempt 2",
 				d.Values, job.ID)
 		}
 		if field(d, "dead_entry_id") == entryID {
@@ -465,8 +466,8 @@ func TestConsumer_Snooze(t *testing.T) {
 	if d := b.dead(t); len(d) != 0 {
 		t.Errorf("dead-letter stream has %v, want nothing", d)
 	}
-	if s := c.Stats(); s.Retried != 3 {
-		t.Errorf("Stats().Retried = %d, want 3", s.Retried)
+	if s := c.Stats(); s.Snoozed != 3 || s.Retried != 0 {
+		t.Errorf("Stats() = %+v, want Snoozed 3, Retried 0", s)
 	}
 }
 
@@ -643,27 +644,69 @@ func TestConsumer_Malformed(t *testing.T) {
 	}
 }
 
-func TestConsumer_MaxDeliveries(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
+// deliverTimes makes c1 the owner of entry id, delivered n times, as if
+// it had been running there when c1's process stopped n-1 times.
+func (b *bundle) deliverTimes(t *testing.T, id string, n int) {
+	t.Helper()
 	ctx := context.Background()
-	id, _ := b.enqueue(t, "crasher", 1)
-	// The entry was delivered to c1 eleven times, as if it had crashed c1's
-	// process every time; c1 restarts under the same name.
-	if err := b.rdb.XGroupCreateMkStream(ctx, b.cfg.Stream, b.cfg.Group, "0").Err(); err != nil {
+	if err := b.rdb.XGroupCreateMkStream(ctx, b.cfg.Stream, b.cfg.Group, "0").Err(); err != nil &&
+		!strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		t.Fatal(err)
 	}
 	if err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: b.cfg.Group, Consumer: "c1",
 		Streams: []string{b.cfg.Stream, ">"}, Count: 1, Block: -1}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	for range 10 {
+	for range n - 1 {
 		if err := b.rdb.XClaim(ctx, &redis.XClaimArgs{Stream: b.cfg.Stream, Group: b.cfg.Group,
 			Consumer: "c1", Messages: []string{id}}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b.cfg.MaxDeliveries = 3
+}
+
+// A job delivered many times is not blamed for it: only its runs as a
+// suspect count, and one that settles clears its count.
+func TestConsumer_redeliveredJobRunsAsSuspect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.enqueue(t, "innocent", 1)
+	b.deliverTimes(t, id, 11)
+	b.cfg.Consumer = "c1"
+	b.cfg.MaxCrashes = 2
+	var runs atomic.Int32
+	c := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		runs.Add(1)
+		return nil
+	}))
+	start(t, c)
+	waitFor(t, 5*time.Second, "the job acknowledged", func() bool { return len(b.pending(t)) == 0 })
+	if n := runs.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+	if d := b.dead(t); len(d) != 0 {
+		t.Errorf("dead letters: %v; want none", d)
+	}
+	if s := c.Stats(); s.Suspects != 1 || s.Acked != 1 {
+		t.Errorf("stats = %+v; want 1 suspect, 1 acked", s)
+	}
+	if b.m.Exists(b.keys.Crashes + id) {
+		t.Errorf("crash counter %s kept after the job settled", b.keys.Crashes+id)
+	}
+}
+
+// A suspect that was already running in MaxCrashes stops is dead-lettered
+// with reason crashed, without running.
+func TestConsumer_MaxCrashes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.enqueue(t, "crasher", 1)
+	b.deliverTimes(t, id, 4)
+	if err := b.rdb.Set(context.Background(), b.keys.Crashes+id, 3, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b.cfg.Consumer = "c1"
+	b.cfg.MaxCrashes = 3
 	var runs atomic.Int32
 	c := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 		runs.Add(1)
@@ -671,11 +714,95 @@ func TestConsumer_MaxDeliveries(t *testing.T) {
 	}))
 	start(t, c)
 	waitFor(t, 5*time.Second, "the entry dead-lettered", func() bool { return len(b.dead(t)) == 1 })
-	if d := b.dead(t)[0]; field(d, "dead_reason") != consumer.ReasonMaxDeliveries || field(d, "dead_entry_id") != id {
-		t.Errorf("dead-letter entry = %v; want reason max_deliveries for %s", d.Values, id)
+	d := b.dead(t)[0]
+	if field(d, "dead_reason") != consumer.ReasonCrashed || field(d, "dead_entry_id") != id ||
+		!strings.Contains(field(d, "dead_error"), "worker stopped") || !strings.Contains(field(d, "dead_error"), "3 times") {
+		t.Errorf("dead-letter entry = %v; want reason crashed for %s, an error saying it stopped its worker 3 times", d.Values, id)
 	}
 	if n := runs.Load(); n != 0 {
 		t.Errorf("handler ran %d times, want 0", n)
+	}
+}
+
+// Suspects with a counted run run alone: while one runs, no other job runs
+// on the consumer.
+func TestConsumer_suspectsRunAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var suspects []string
+	for i := range 3 {
+		id, _ := b.enqueue(t, "suspect", i)
+		suspects = append(suspects, id)
+	}
+	for _, id := range suspects {
+		b.deliverTimes(t, id, 2)
+		// A counted run already: the next one is alone.
+		if err := b.rdb.Set(context.Background(), b.keys.Crashes+id, 1, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 20 {
+		b.enqueue(t, "fresh", i)
+	}
+	b.cfg.Consumer = "c1"
+	b.cfg.Concurrency = 8
+	var running, done atomic.Int32
+	var overlap atomic.Bool
+	c := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		if j.Deliveries > 1 && n != 1 {
+			overlap.Store(true)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if j.Deliveries > 1 && running.Load() != 1 {
+			overlap.Store(true)
+		}
+		done.Add(1)
+		return nil
+	}))
+	start(t, c)
+	waitFor(t, 10*time.Second, "all 23 jobs done", func() bool { return done.Load() == 23 && len(b.pending(t)) == 0 })
+	if overlap.Load() {
+		t.Error("a suspect ran beside another job")
+	}
+	if s := c.Stats(); s.Suspects != 3 {
+		t.Errorf("stats = %+v; want 3 suspects", s)
+	}
+}
+
+// A suspect's first counted run may be shared: the jobs of a restarted
+// worker run again at once, side by side.
+func TestConsumer_firstSuspectRunShared(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 5
+	for i := range n {
+		id, _ := b.enqueue(t, "suspect", i)
+		b.deliverTimes(t, id, 2)
+	}
+	b.cfg.Consumer = "c1"
+	b.cfg.Concurrency = n
+	var running atomic.Int32
+	all := make(chan struct{})
+	c := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		if running.Add(1) == n {
+			close(all)
+		}
+		select {
+		case <-all:
+			return nil
+		case <-time.After(10 * time.Second):
+			return consumer.Permanent(errors.New("the suspects did not run side by side"))
+		}
+	}))
+	start(t, c)
+	waitFor(t, 15*time.Second, "all suspects settled", func() bool { return len(b.pending(t)) == 0 })
+	if d := b.dead(t); len(d) != 0 {
+		t.Errorf("dead letters: %v", d)
+	}
+	if s := c.Stats(); s.Suspects != n || s.Acked != n {
+		t.Errorf("stats = %+v; want %d suspects acknowledged", s, n)
 	}
 }
 

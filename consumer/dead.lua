@@ -7,43 +7,80 @@
 -- ARGV[4]  reason
 -- ARGV[5]  error text
 -- ARGV[6]  attempts made
--- ARGV[7]  dead-letter stream bound (MAXLEN ~), 0 for none
--- ARGV[8]  n: the number of ARGV values that follow as replacements
--- ARGV[9..8+n] field/value pairs that replace the entry's own in the copy
---          (redaction by the dead-letter middleware)
--- ARGV[9+n..] the entry's fields as the consumer read them, used only when the
---          entry is no longer in the stream (trimmed while pending)
+-- ARGV[7]  dead-letter stream bound (exact MAXLEN), 0 for none
+-- ARGV[8]  n: the number of ARGV values that follow as field/value pairs to set
+--          in the copy (replacing the entry's own: redaction, the final error
+--          history; added when the entry has no such field)
+-- ARGV[9..8+n] those pairs
+-- ARGV[9+n..] the entry's fields as the consumer read them, sent only when an
+--          earlier call returned -2 (the entry is no longer in the stream)
 -- Returns  {dead-letter entry ID, entries trimmed from the dead-letter stream},
---          or -1 when this consumer does not own the entry (nothing written).
--- The dead-letter entry holds the original entry's raw fields, as read from
--- the stream (duplicates and binary values intact), followed by dead_reason,
--- dead_error, dead_at (Unix ms, Redis clock), dead_attempts, dead_consumer,
--- dead_entry_id and dead_stream.
+--          -1 when this consumer does not own the entry (nothing written), or
+--          -2 when the entry is gone from the stream and ARGV has no fields
+--          (nothing written: call again with the fields).
+-- The dead-letter entry holds the original entry's raw fields, copied here on
+-- the server from the stream (duplicates and binary values intact, the payload
+-- never travels through the client again), at most 1000 of them (the rest are
+-- counted in dead_dropped_fields), followed by dead_reason, dead_error, dead_at
+-- (Unix ms, Redis clock), dead_attempts, dead_consumer, dead_entry_id and
+-- dead_stream. Every check comes before the first write, which is the XACK, so
+-- the script settles while Redis is over maxmemory (see retry.lua).
+local maxFields = 1000
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if #p ~= 1 or p[1][2] ~= ARGV[2] then return -1 end
 local n = tonumber(ARGV[8])
-local replace = {}
-for i = 9, 8 + n, 2 do replace[ARGV[i]] = ARGV[i + 1] end
-local src = {}
+local set, order = {}, {}
+for i = 9, 8 + n, 2 do
+  if set[ARGV[i]] == nil then order[#order + 1] = ARGV[i] end
+  set[ARGV[i]] = ARGV[i + 1]
+end
+local src
 local e = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
-if #e == 1 then src = e[1][2] else for i = 9 + n, #ARGV do src[#src + 1] = ARGV[i] end end
-local ours = {dead_reason = 1, dead_error = 1, dead_at = 1, dead_attempts = 1,
-              dead_consumer = 1, dead_entry_id = 1, dead_stream = 1}
-local f = {}
+if #e == 1 then
+  src = e[1][2]
+elseif #ARGV > 8 + n then
+  src = {}
+  for i = 9 + n, #ARGV do src[#src + 1] = ARGV[i] end
+else
+  return -2
+end
+local ours = {dead_reason = 1, dead_error = 1, dead_at = 1, dead_attempts = 1, dead_consumer = 1,
+              dead_entry_id = 1, dead_stream = 1, dead_dropped_fields = 1}
+local f, copied, dropped, done = {}, 0, 0, {}
 for i = 1, #src - 1, 2 do
   local name = src[i]
   if not ours[name] then
+    if copied < maxFields then
+      copied = copied + 1
+      f[#f + 1] = name
+      if set[name] ~= nil then
+        f[#f + 1] = set[name]
+        done[name] = true
+      else
+        f[#f + 1] = src[i + 1]
+      end
+    else
+      dropped = dropped + 1
+    end
+  end
+end
+for _, name in ipairs(order) do
+  if not done[name] and not ours[name] then
     f[#f + 1] = name
-    if replace[name] ~= nil then f[#f + 1] = replace[name] else f[#f + 1] = src[i + 1] end
+    f[#f + 1] = set[name]
   end
 end
 local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local meta = {'dead_reason', ARGV[4], 'dead_error', ARGV[5], 'dead_at', now, 'dead_attempts', ARGV[6],
               'dead_consumer', ARGV[2], 'dead_entry_id', ARGV[3], 'dead_stream', KEYS[1]}
+if dropped > 0 then
+  meta[#meta + 1] = 'dead_dropped_fields'
+  meta[#meta + 1] = tostring(dropped)
+end
 for _, v in ipairs(meta) do f[#f + 1] = v end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 local id = redis.call('XADD', KEYS[2], '*', unpack(f))
 local trimmed = 0
-if tonumber(ARGV[7]) > 0 then trimmed = redis.call('XTRIM', KEYS[2], 'MAXLEN', '~', ARGV[7]) end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+if tonumber(ARGV[7]) > 0 then trimmed = redis.call('XTRIM', KEYS[2], 'MAXLEN', '=', ARGV[7]) end
 return {id, trimmed}

@@ -329,7 +329,7 @@ func TestConsumer_Logs_Failure(t *testing.T) {
 		handler: func(context.Context, *stream.Job) error { return errors.New("still down") },
 		msg:     "job dead-lettered",
 		level:   slog.LevelError,
-		want:    map[string]any{"error_kind": "exhausted", "dead_reason": "exhausted", "error": "still down"},
+		want:    map[string]any{"error_kind": "exhausted", "dead_reason": "exhausted", "error": "attempt 3 of 3: still down"},
 	}, {
 		name:    "Panic",
 		handler: func(context.Context, *stream.Job) error { panic("kaboom") },
@@ -387,7 +387,7 @@ func TestConsumer_Logs_LeaseLost(t *testing.T) {
 		error     any
 	}{
 		{"Heartbeat", 30 * time.Millisecond, errors.New("interrupted"), "job's lease was lost to another consumer; not settling it here", "interrupted"},
-		{"StaleAck", 10 * time.Second, nil, "finished job was no longer owned by this consumer (reclaimed or already acknowledged); not acknowledged here", nil},
+		{"StaleAck", 10 * time.Second, nil, "finished job is owned by another consumer now (it was reclaimed and runs again there); not acknowledged here", nil},
 		{"StaleRetry", 10 * time.Second, errors.New("again"), "failed job was no longer owned by this consumer; not rescheduled here", "again"},
 		{"StaleDead", 10 * time.Second, consumer.Permanent(errors.New("never")), "job to dead-letter was no longer owned by this consumer; not dead-lettered here", "never"},
 	}

@@ -12,9 +12,10 @@ const (
 	ReasonMalformed = "malformed"
 	// ReasonUnknownType: no handler for the job's type (see [Mux]).
 	ReasonUnknownType = "unknown_type"
-	// ReasonMaxDeliveries: the entry was delivered more than
-	// [Config.MaxDeliveries] times, as a job that kills its worker would be.
-	ReasonMaxDeliveries = "max_deliveries"
+	// ReasonCrashed: the job was running when its worker stopped without
+	// settling it (crash, kill, stall past the lease) [Config.MaxCrashes]
+	// times, in runs it can be blamed for.
+	ReasonCrashed = "crashed"
 	// ReasonPanic: the handler panicked.
 	ReasonPanic = "panic"
 	// ReasonExhausted: the job failed [Config.MaxAttempts] times.
@@ -22,6 +23,25 @@ const (
 	// ReasonPermanent: the handler said the job can never succeed.
 	ReasonPermanent = "permanent"
 )
+
+// ExhaustedError is the error of a job dead-lettered with reason
+// [ReasonExhausted] because its attempt (counted from 1) of maxAttempts
+// failed with err: "attempt 3 of 3: <err>". The consumer and the retry
+// middleware both write it, so dead_error reads the same whoever decided.
+func ExhaustedError(attempt, maxAttempts int, err error) error {
+	return &exhaustedError{attempt: attempt, max: maxAttempts, err: err}
+}
+
+type exhaustedError struct {
+	attempt, max int
+	err          error
+}
+
+func (e *exhaustedError) Error() string {
+	return fmt.Sprintf("attempt %d of %d: %s", e.attempt, e.max, errText(e.err))
+}
+
+func (e *exhaustedError) Unwrap() error { return e.err }
 
 // Causes with which the consumer cancels a handler's context.
 var (

@@ -9,16 +9,22 @@
 -- ARGV[6..] the new entry's fields, used when delay <= 0
 -- Returns  the new entry's ID ("" when it went to the delayed set), or -1 when
 --          this consumer does not own the entry (nothing was written).
+-- Every check comes before the first write, and the first write is the XACK:
+-- Redis refuses a script's first write that needs memory while it is over
+-- maxmemory (noeviction), but lets a script that has written go on, so a
+-- retry still settles when Redis is full. The consumer deletes the old entry
+-- afterwards (ack.lua), which frees about what the new one takes.
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if #p ~= 1 or p[1][2] ~= ARGV[2] then return -1 end
-local id = ''
 local delay = tonumber(ARGV[4])
-if delay <= 0 then
-  id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))
-else
+local due
+if delay > 0 then
   local t = redis.call('TIME')
-  local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + delay
-  redis.call('ZADD', KEYS[2], string.format('%.0f', due), ARGV[5])
+  due = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + delay)
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-return id
+if delay > 0 then
+  redis.call('ZADD', KEYS[2], due, ARGV[5])
+  return ''
+end
+return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))

@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -41,14 +44,31 @@ func (c *Consumer) settleContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(c.base, c.r.SettleTimeout)
 }
 
-// queueAck hands a finished job to the ack loop, and reports whether it did
-// (not once Run has returned: the job then stays pending).
-func (c *Consumer) queueAck(id string) bool {
+// ackItem is an entry for the ack loop: a finished job to acknowledge, or
+// (forget) an entry already settled by another script, to delete from the
+// stream once no group needs it.
+type ackItem struct {
+	id     string
+	forget bool
+}
+
+// queueAck hands a finished job (or an entry to forget) to the ack loop,
+// and reports whether it did (not once Run has returned: the job then stays
+// pending).
+func (c *Consumer) queueAck(it ackItem) bool {
 	select {
-	case c.ackCh <- id:
+	case c.ackCh <- it:
 		return true
 	case <-c.ackDone:
 		return false
+	}
+}
+
+// forgetSettled asks the ack loop to delete entry id, which this consumer
+// has settled with another script, unless Config.KeepSettled.
+func (c *Consumer) forgetSettled(id string) {
+	if !c.r.KeepSettled {
+		c.queueAck(ackItem{id: id, forget: true})
 	}
 }
 
@@ -57,16 +77,16 @@ func (c *Consumer) queueAck(id string) bool {
 // one acknowledges at once.
 func (c *Consumer) ackLoop(stop <-chan struct{}) {
 	defer close(c.ackDone)
-	batch := make([]string, 0, maxAckBatch)
+	batch := make([]ackItem, 0, maxAckBatch)
 	for {
 		select {
-		case id := <-c.ackCh:
-			batch = append(batch, id)
+		case it := <-c.ackCh:
+			batch = append(batch, it)
 		case <-stop:
 			for {
 				select {
-				case id := <-c.ackCh:
-					batch = append(batch, id)
+				case it := <-c.ackCh:
+					batch = append(batch, it)
 					if len(batch) == maxAckBatch {
 						c.flushAcks(batch)
 						batch = batch[:0]
@@ -80,8 +100,8 @@ func (c *Consumer) ackLoop(stop <-chan struct{}) {
 	fill:
 		for len(batch) < maxAckBatch {
 			select {
-			case id := <-c.ackCh:
-				batch = append(batch, id)
+			case it := <-c.ackCh:
+				batch = append(batch, it)
 			default:
 				break fill
 			}
@@ -91,11 +111,23 @@ func (c *Consumer) ackLoop(stop <-chan struct{}) {
 	}
 }
 
-// flushAcks runs the owner-checked ack script over ids, retrying transient
-// errors until SettleTimeout. Jobs it cannot acknowledge stay pending.
-func (c *Consumer) flushAcks(ids []string) {
-	if len(ids) == 0 {
+// flushAcks runs the owner-checked ack script over items, retrying
+// transient errors until SettleTimeout. Jobs it cannot acknowledge stay
+// pending. A job whose entry is no longer pending when the script runs
+// again after an error was acknowledged by the first run, whose reply was
+// lost.
+func (c *Consumer) flushAcks(items []ackItem) {
+	if len(items) == 0 {
 		return
+	}
+	ids := make([]string, 0, len(items))
+	var forget []string
+	for _, it := range items {
+		if it.forget {
+			forget = append(forget, it.id)
+		} else {
+			ids = append(ids, it.id)
+		}
 	}
 	defer func() {
 		c.mu.Lock()
@@ -104,39 +136,57 @@ func (c *Consumer) flushAcks(ids []string) {
 		}
 		c.mu.Unlock()
 	}()
-	lo, hi := ids[0], ids[0]
-	for _, id := range ids[1:] {
-		if compareIDs(id, lo) < 0 {
+	lo, hi := "", ""
+	for i, id := range ids {
+		if i == 0 || compareIDs(id, lo) < 0 {
 			lo = id
-		} else if compareIDs(id, hi) > 0 {
+		}
+		if i == 0 || compareIDs(id, hi) > 0 {
 			hi = id
 		}
 	}
-	args := make([]any, 0, 4+len(ids))
-	args = append(args, c.r.Group, c.r.Consumer, lo, hi)
+	del := "1"
+	if c.r.KeepSettled {
+		del = "0"
+	}
+	args := make([]any, 0, 6+len(items))
+	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), lo, hi)
 	for _, id := range ids {
+		args = append(args, id)
+	}
+	for _, id := range forget {
 		args = append(args, id)
 	}
 	ctx, cancel := c.settleContext()
 	defer cancel()
 	var b backoff
-	for {
+	for try := 0; ; try++ {
 		res, err := ackScript.Run(ctx, c.rdb, []string{c.r.Stream}, args...).Slice()
-		if err == nil {
-			c.stats.acked.Add(uint64(len(ids) - (len(res) - 1)))
-			stale := res[1:]
+		if err == nil && len(res) == 4 {
+			stale, gone := replyStrings(res[1]), replyStrings(res[2])
+			if try > 0 {
+				// Not pending any more: the earlier run acknowledged them.
+				gone = nil
+			}
+			c.stats.acked.Add(uint64(len(ids) - len(stale) - len(gone)))
 			for _, id := range stale {
-				id, _ := id.(string)
-				c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "finished job was no longer owned by this consumer (reclaimed or already acknowledged); not acknowledged here",
+				c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "finished job is owned by another consumer now (it was reclaimed and runs again there); not acknowledged here",
 					c.entryAttrs(id, errKindLeaseLost, "")...)
 			}
-			c.stats.stale.Add(uint64(len(stale)))
+			for _, id := range gone {
+				c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "finished job was already acknowledged (another consumer reclaimed and finished it) or deleted; not acknowledged here",
+					c.entryAttrs(id, errKindLeaseLost, "")...)
+			}
+			c.stats.stale.Add(uint64(len(stale) + len(gone)))
 			// Checked once per batch, so that a logger without Debug costs
 			// nothing per job.
 			if c.r.Logger.Enabled(c.base, slog.LevelDebug) {
-				c.logDone(ids, stale)
+				c.logDone(ids, append(stale, gone...))
 			}
 			return
+		}
+		if err == nil {
+			err = fmt.Errorf("unexpected reply %v", res)
 		}
 		if !b.wait(ctx) {
 			c.errLog.error("acknowledging finished jobs failed; they stay pending and will run again", err,
@@ -146,10 +196,22 @@ func (c *Consumer) flushAcks(ids []string) {
 	}
 }
 
+// replyStrings returns the strings of a script's array reply.
+func replyStrings(v any) []string {
+	list, _ := v.([]any)
+	out := make([]string, 0, len(list))
+	for _, x := range list {
+		if s, ok := x.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // logDone logs "job done" at Debug for each of ids but the stale ones.
-func (c *Consumer) logDone(ids []string, stale []any) {
+func (c *Consumer) logDone(ids []string, stale []string) {
 	for _, id := range ids {
-		if !slices.Contains(stale, any(id)) {
+		if !slices.Contains(stale, id) {
 			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job done", c.entryAttrs(id, "", "")...)
 		}
 	}
@@ -164,13 +226,13 @@ func (c *Consumer) settleError(ctx context.Context, job *stream.Job, d delivery,
 	)
 	switch {
 	case errors.As(err, &o) && o.IsDead():
-		c.settleDead(ctx, d.id, d.fields, o.Reason(), errText(o.Unwrap()), job.Attempt+1, job)
+		c.settleDead(ctx, d.id, d.fields, o.Reason(), o.Unwrap(), job.Attempt+1, job)
 	case errors.As(err, &o):
 		c.settleRetry(ctx, job, d, o.Delay(), o.CountsAttempt(), o.Unwrap())
 	case errors.As(err, &p):
-		c.settleDead(ctx, d.id, d.fields, ReasonPanic, err.Error(), job.Attempt+1, job)
+		c.settleDead(ctx, d.id, d.fields, ReasonPanic, err, job.Attempt+1, job)
 	case errors.As(err, &ce) && ce.Permanent, errors.Is(err, stream.ErrPayload):
-		c.settleDead(ctx, d.id, d.fields, ReasonPermanent, err.Error(), job.Attempt+1, job)
+		c.settleDead(ctx, d.id, d.fields, ReasonPermanent, err, job.Attempt+1, job)
 	case errors.As(err, &ce) && ce.After > 0:
 		c.settleRetry(ctx, job, d, ce.After, true, err)
 	default:
@@ -193,14 +255,10 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 			maxAttempts = c.r.MaxAttempts
 		}
 		if next.Attempt >= maxAttempts {
-			c.settleDead(jobCtx, d.id, d.fields, ReasonExhausted, errText(err), next.Attempt, job)
+			c.settleDead(jobCtx, d.id, d.fields, ReasonExhausted, ExhaustedError(next.Attempt, maxAttempts, err), next.Attempt, job)
 			return
 		}
-		next.LastError = truncate(errText(err))
-		next.ErrorHistory = append(slices.Clone(job.ErrorHistory), next.LastError)
-		if n := len(next.ErrorHistory); n > maxErrorHistory {
-			next.ErrorHistory = next.ErrorHistory[n-maxErrorHistory:]
-		}
+		next.LastError, next.ErrorHistory = withError(job, errText(err))
 		if next.FirstFailedAt.IsZero() {
 			next.FirstFailedAt = time.Now()
 		}
@@ -238,13 +296,15 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "failed job was no longer owned by this consumer; not rescheduled here",
 			c.jobAttrs(d.id, job, ran, errKindLeaseLost, errText(err))...)
 	case !count:
-		c.stats.retried.Add(1)
+		c.forgetSettled(d.id)
+		c.stats.snoozed.Add(1)
 		// A snooze is not a failure: Debug only.
 		if c.r.Logger.Enabled(c.base, slog.LevelDebug) {
 			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job snoozed; rescheduled",
 				append(c.jobAttrs(d.id, job, ran, kind, errText(err)), slog.Int64("delay_ms", delay.Milliseconds()))...)
 		}
 	default:
+		c.forgetSettled(d.id)
 		c.stats.retried.Add(1)
 		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job failed; retry scheduled",
 			append(c.jobAttrs(d.id, job, ran, kind, errText(err)), slog.Int64("delay_ms", delay.Milliseconds()))...)
@@ -253,25 +313,48 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 
 // settleDead dead-letters entry id. job is nil for an entry that did not
 // decode. jobCtx carries the dead-letter recorder a middleware may have set.
-func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[string]any, reason, msg string, attempts int, job *stream.Job) {
+func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[string]any, reason string, cause error, attempts int, job *stream.Job) {
+	msg := errText(cause)
 	info := DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream, DeadLetterStream: c.r.DeadLetterStream,
 		Reason: reason, Error: msg, Attempts: attempts}
 	rec := recorderOf(jobCtx)
-	var replace map[string]string
+	set := make(map[string]string)
+	if job != nil && msg != "" {
+		// The record carries the final error, as a retry would (the
+		// handler's own, without the "attempt n of m" of dead_error).
+		final := msg
+		var ex *exhaustedError
+		if errors.As(cause, &ex) {
+			final = errText(ex.err)
+		}
+		last, history := withError(job, final)
+		set[stream.FieldLastError] = last
+		b, _ := json.Marshal(history)
+		set[stream.FieldErrorHistory] = string(b)
+	}
 	if rec != nil {
-		replace = rec.Replace(info)
+		for k, v := range rec.Replace(info) {
+			if _, ok := fields[k]; ok { // a replacement, never a new field
+				set[k] = v
+			}
+		}
 	}
-	args := make([]any, 0, 8+2*len(replace)+2*len(fields))
-	args = append(args, c.r.Group, c.r.Consumer, id, reason, truncate(msg), attempts, c.r.DeadLetterMaxLen, 2*len(replace))
-	for k, v := range replace {
-		args = append(args, k, v)
-	}
-	for k, v := range fields {
-		args = append(args, k, v)
+	args := make([]any, 0, 8+2*len(set))
+	args = append(args, c.r.Group, c.r.Consumer, id, reason, truncate(msg), attempts, c.r.DeadLetterMaxLen, 2*len(set))
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		args = append(args, k, set[k])
 	}
 	ctx, cancel := c.settleContext()
 	defer cancel()
 	res, err := deadScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.DeadLetterStream}, args...).Result()
+	if err == nil && res == int64(-2) {
+		// Trimmed from the stream while pending: record what was read. Only
+		// then do the fields travel back to Redis.
+		for k, v := range fields {
+			args = append(args, k, v)
+		}
+		res, err = deadScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.DeadLetterStream}, args...).Result()
+	}
 	kind, ran := deadKind(reason), taskOf(jobCtx).handlerTime()
 	if err != nil {
 		attrs := append(c.jobAttrs(id, job, ran, kind, ""), slog.String("dead_reason", reason), slog.String("job_error", truncate(msg)))
@@ -286,6 +369,7 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 		return
 	}
 	info.DeadEntryID, _ = reply[0].(string)
+	c.forgetSettled(id)
 	c.stats.dead.Add(1)
 	c.r.Logger.LogAttrs(c.base, slog.LevelError, "job dead-lettered", append(c.jobAttrs(id, job, ran, kind, msg),
 		slog.String("dead_reason", reason), slog.String("dead_letter_stream", c.r.DeadLetterStream), slog.String("dead_entry_id", info.DeadEntryID))...)
@@ -298,6 +382,17 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 	if rec != nil {
 		rec.Recorded(jobCtx, info)
 	}
+}
+
+// withError returns a failed job's last_error and error_history with msg,
+// its latest error, added: truncated, the latest maxErrorHistory kept.
+func withError(job *stream.Job, msg string) (string, []string) {
+	last := truncate(msg)
+	history := append(slices.Clone(job.ErrorHistory), last)
+	if n := len(history); n > maxErrorHistory {
+		history = history[n-maxErrorHistory:]
+	}
+	return last, history
 }
 
 func errText(err error) string {
@@ -357,7 +452,7 @@ const (
 // dead_reason attribute has the reason itself.
 func deadKind(reason string) string {
 	switch reason {
-	case ReasonMalformed, ReasonUnknownType, ReasonMaxDeliveries, ReasonPanic, ReasonExhausted, ReasonPermanent:
+	case ReasonMalformed, ReasonUnknownType, ReasonCrashed, ReasonPanic, ReasonExhausted, ReasonPermanent:
 		return reason
 	}
 	return ReasonPermanent

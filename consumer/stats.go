@@ -15,6 +15,12 @@ type Stats struct {
 	Acked uint64
 	// Retried is the number of jobs rescheduled for a later attempt.
 	Retried uint64
+	// Snoozed is the number of jobs rescheduled without counting an
+	// attempt ([Snooze]).
+	Snoozed uint64
+	// Suspects is the number of redelivered jobs run alone, as suspects of
+	// having crashed their worker (see [Config.MaxCrashes]).
+	Suspects uint64
 	// DeadLettered is the number of entries moved to the dead-letter stream.
 	DeadLettered uint64
 	// Reclaimed is the number of entries taken over from other consumers (or
@@ -24,7 +30,8 @@ type Stats struct {
 	// stream before they finished; their payload is gone.
 	Lost uint64
 	// Stale is the number of settlements refused because this consumer no
-	// longer owned the entry: each is a job that another consumer runs again.
+	// longer owned the entry: another consumer had reclaimed it (and runs
+	// it again, or has already finished it).
 	Stale uint64
 	// LeaseLost is the number of running jobs whose lease was lost.
 	LeaseLost uint64
@@ -36,15 +43,16 @@ type Stats struct {
 }
 
 type counters struct {
-	acked, retried, dead, reclaimed, lost, stale, leaseLost, readErrors, deadTrimmed atomic.Uint64
+	acked, retried, snoozed, suspects, dead, reclaimed, lost, stale, leaseLost, readErrors, deadTrimmed atomic.Uint64
 }
 
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() Stats {
 	s := &c.stats
 	return Stats{
-		Acked: s.acked.Load(), Retried: s.retried.Load(), DeadLettered: s.dead.Load(),
-		Reclaimed: s.reclaimed.Load(), Lost: s.lost.Load(), Stale: s.stale.Load(),
+		Acked: s.acked.Load(), Retried: s.retried.Load(), Snoozed: s.snoozed.Load(), Suspects: s.suspects.Load(),
+		DeadLettered: s.dead.Load(),
+		Reclaimed:    s.reclaimed.Load(), Lost: s.lost.Load(), Stale: s.stale.Load(),
 		LeaseLost: s.leaseLost.Load(), ReadErrors: s.readErrors.Load(), DeadTrimmed: s.deadTrimmed.Load(),
 	}
 }

@@ -162,7 +162,7 @@ type Entry struct {
 	Job *stream.Job
 	// DecodeErr is the decode error when Job is nil.
 	DecodeErr error
-	// Reason is dead_reason: malformed, unknown_type, max_deliveries, panic,
+	// Reason is dead_reason: malformed, unknown_type, crashed, panic,
 	// exhausted or permanent.
 	Reason string
 	// Error is dead_error.

@@ -277,14 +277,17 @@ func TestCrash_staleWorker(t *testing.T) {
 	}
 }
 
-// F10: a job that kills every worker that runs it. A fresh worker is started
-// each time the last one dies, under the same name (it re-reads its own
-// pending entries) or a new one (it reclaims after the visibility timeout).
-// The job ends in the dead-letter stream after MaxDeliveries runs; the jobs
-// enqueued with it all complete.
+// F10, poison isolation: a job that kills every worker that runs it, read
+// in one batch with 20 innocent jobs that are running beside it when it
+// kills the first worker. A fresh worker is started each time the last one
+// dies, under the same name (it re-reads its own pending entries) or a new
+// one (it reclaims after the visibility timeout). The poison job is
+// dead-lettered as crashed after MaxCrashes runs it can be blamed for (3
+// restarts); every innocent job completes and none is dead-lettered,
+// though each was delivered again after every crash it was in flight for.
 func TestCrash_poisonLoop(t *testing.T) {
 	t.Parallel()
-	const maxDeliveries = 3
+	const maxCrashes = 2
 	for _, tc := range []struct {
 		name     string
 		sameName bool
@@ -292,10 +295,13 @@ func TestCrash_poisonLoop(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := crashScenario(t)
-			ids := s.enqueue(10, behaviour{SleepMS: 20})
-			poison := s.enqueue(1, behaviour{SleepMS: 200, Crash: "before"})[0]
-			ids = append(ids, s.enqueue(10, behaviour{SleepMS: 20})...)
-			o := workerOpts{MaxDeliveries: maxDeliveries}
+			// The innocent jobs outlast the poison's run, so all of them are
+			// running when it kills the first worker.
+			innocent := behaviour{SleepMS: 300}
+			ids := s.enqueue(10, innocent)
+			poison := s.enqueue(1, behaviour{SleepMS: 50, Crash: "before"})[0]
+			ids = append(ids, s.enqueue(10, innocent)...)
+			o := workerOpts{MaxCrashes: maxCrashes, Concurrency: 32}
 			var started []string
 			var w *worker
 			next := func() {
@@ -307,27 +313,46 @@ func TestCrash_poisonLoop(t *testing.T) {
 				w = s.worker(name, o)
 			}
 			next()
-			eventually(t, 30*time.Second, func() (bool, string) {
+			eventually(t, 60*time.Second, func() (bool, string) {
 				select {
 				case <-w.done:
 					if !w.killed() {
 						t.Fatalf("worker %s exited without crashing: %v", w.name, w.err)
 					}
-					if len(started) > maxDeliveries+1 {
-						t.Fatalf("%d workers crashed; the poison job should have been dead-lettered after %d deliveries",
-							len(started), maxDeliveries)
+					if len(started) > maxCrashes+1 {
+						t.Fatalf("%d workers crashed; the poison job should have been dead-lettered after %d crashes it was blamed for",
+							len(started), maxCrashes+1)
 					}
 					next()
 				default:
 				}
 				return crashSettled(s, append([]string{poison}, ids...))
 			})
-			if len(started) != maxDeliveries+1 {
-				t.Errorf("workers started: %v; want %d crashed and one left", started, maxDeliveries)
-			}
 			led := readLedger(t, s.ledger)
-			if n := len(crashEvents(led, "start", poison)); n > maxDeliveries {
-				t.Errorf("the poison job ran %d times, more than MaxDeliveries (%d)", n, maxDeliveries)
+			// The precondition: the first crash happened with innocent jobs
+			// running (started on their first delivery, without an effect
+			// then).
+			var first []ledgerEntry
+			for _, e := range led {
+				if e.Deliveries == 1 {
+					first = append(first, e)
+				}
+			}
+			var inFlight int
+			for _, id := range ids {
+				if len(crashEvents(first, "start", id)) == 1 && len(crashEvents(first, "effect", id)) == 0 {
+					inFlight++
+				}
+			}
+			if inFlight == 0 {
+				t.Fatalf("no innocent job was running when the poison job crashed the first worker; the scenario tests nothing: %v", led)
+			}
+			t.Logf("%d innocent jobs were in flight at the first crash; workers: %v", inFlight, started)
+			if len(started) != maxCrashes+2 {
+				t.Errorf("workers started: %v; want %d crashed and one left", started, maxCrashes+1)
+			}
+			if n := len(crashEvents(led, "start", poison)); n != maxCrashes+1 {
+				t.Errorf("the poison job ran %d times, want %d (once fresh, then MaxCrashes times as a suspect)", n, maxCrashes+1)
 			}
 			if n := len(crashEvents(led, "effect", poison)); n != 0 {
 				t.Errorf("the poison job has %d effects, want 0", n)
@@ -335,7 +360,7 @@ func TestCrash_poisonLoop(t *testing.T) {
 			effects := countEvents(led, "effect")
 			for _, id := range ids {
 				if effects[id] == 0 {
-					t.Errorf("job %s has no effect", id)
+					t.Errorf("innocent job %s has no effect", id)
 				}
 			}
 			dead := s.dead()
@@ -343,11 +368,11 @@ func TestCrash_poisonLoop(t *testing.T) {
 				t.Fatalf("dead-letter stream has %d entries, want the poison job only: %v", len(dead), dead)
 			}
 			f := dead[0].Values
-			want := fmt.Sprintf("delivered %d times, more than MaxDeliveries (%d)", maxDeliveries+1, maxDeliveries)
-			if f[stream.FieldJobID] != poison || f["dead_reason"] != consumer.ReasonMaxDeliveries ||
-				!strings.Contains(fmt.Sprint(f["dead_error"]), want) || f["dead_attempts"] != fmt.Sprint(maxDeliveries+1) {
-				t.Errorf("dead-letter entry %v; want job_id %s, dead_reason %s, dead_error containing %q, dead_attempts %d",
-					f, poison, consumer.ReasonMaxDeliveries, want, maxDeliveries+1)
+			want := fmt.Sprintf("worker stopped (crashed, was killed, or stalled past the visibility timeout) while running it, %d times", maxCrashes)
+			if f[stream.FieldJobID] != poison || f["dead_reason"] != consumer.ReasonCrashed ||
+				!strings.Contains(fmt.Sprint(f["dead_error"]), want) {
+				t.Errorf("dead-letter entry %v; want job_id %s, dead_reason %s, dead_error containing %q",
+					f, poison, consumer.ReasonCrashed, want)
 			}
 			if st := crashStop(t, w); st.DeadLettered != 1 {
 				t.Errorf("last worker stats %+v: want DeadLettered 1", st)

@@ -101,18 +101,18 @@ type behaviour struct {
 // workerOpts configures a worker subprocess; zero durations and counts take
 // the test defaults of startWorker.
 type workerOpts struct {
-	Addr          string
-	Stream        string
-	Group         string
-	Consumer      string
-	Ledger        string
-	Visibility    time.Duration
-	Sweep         time.Duration
-	Heartbeat     time.Duration // negative disables the heartbeat
-	Block         time.Duration
-	Shutdown      time.Duration
-	Concurrency   int
-	MaxDeliveries int
+	Addr        string
+	Stream      string
+	Group       string
+	Consumer    string
+	Ledger      string
+	Visibility  time.Duration
+	Sweep       time.Duration
+	Heartbeat   time.Duration // negative disables the heartbeat
+	Block       time.Duration
+	Shutdown    time.Duration
+	Concurrency int
+	MaxCrashes  int
 }
 
 // worker is a running worker subprocess.
@@ -142,8 +142,8 @@ func startWorker(t testing.TB, o workerOpts) *worker {
 	if o.Concurrency == 0 {
 		o.Concurrency = 8
 	}
-	if o.MaxDeliveries == 0 {
-		o.MaxDeliveries = 10
+	if o.MaxCrashes == 0 {
+		o.MaxCrashes = 10
 	}
 	if o.Group == "" {
 		o.Group = "g"
@@ -156,7 +156,7 @@ func startWorker(t testing.TB, o workerOpts) *worker {
 		"PW_VISIBILITY="+o.Visibility.String(), "PW_SWEEP="+o.Sweep.String(),
 		"PW_HEARTBEAT="+o.Heartbeat.String(), "PW_BLOCK="+o.Block.String(),
 		"PW_SHUTDOWN="+o.Shutdown.String(),
-		"PW_CONCURRENCY="+strconv.Itoa(o.Concurrency), "PW_MAX_DELIVERIES="+strconv.Itoa(o.MaxDeliveries),
+		"PW_CONCURRENCY="+strconv.Itoa(o.Concurrency), "PW_MAX_CRASHES="+strconv.Itoa(o.MaxCrashes),
 	)
 	w := &worker{t: t, name: o.Consumer, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = w.stderr
@@ -302,7 +302,7 @@ func workerMain() int {
 		Block:             dur("PW_BLOCK"),
 		ShutdownTimeout:   dur("PW_SHUTDOWN"),
 		Concurrency:       num("PW_CONCURRENCY"),
-		MaxDeliveries:     num("PW_MAX_DELIVERIES"),
+		MaxCrashes:        num("PW_MAX_CRASHES"),
 		PromoteInterval:   50 * time.Millisecond,
 		RetryBackoff:      func(int) time.Duration { return 50 * time.Millisecond },
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),

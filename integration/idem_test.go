@@ -202,7 +202,7 @@ func idemWorkerMain() int {
 		Block:             200 * time.Millisecond,
 		ShutdownTimeout:   2 * time.Second,
 		Concurrency:       max(num("PI_CONCURRENCY"), 1),
-		MaxDeliveries:     100,
+		MaxCrashes:        100,
 		PromoteInterval:   50 * time.Millisecond,
 		RetryBackoff:      func(int) time.Duration { return 50 * time.Millisecond },
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),

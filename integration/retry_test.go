@@ -468,11 +468,13 @@ func TestRetry_deadLetter(t *testing.T) {
 		d := dead[permanent.ID]
 		deadWant(t, d, map[string]string{"dead_reason": consumer.ReasonPermanent, "dead_attempts": "1",
 			"dead_error": "bad input", "type": "permanent"})
-		for _, f := range []string{stream.FieldAttempt, stream.FieldLastError, stream.FieldErrorHistory, stream.FieldFirstFailedAt} {
+		for _, f := range []string{stream.FieldAttempt, stream.FieldFirstFailedAt} {
 			if v, ok := d[f]; ok {
 				t.Errorf("dead letter has %s = %v, want none on a first attempt", f, v)
 			}
 		}
+		// The final error is in the record as a retry would put it.
+		deadWant(t, d, map[string]string{stream.FieldLastError: "bad input", stream.FieldErrorHistory: `["bad input"]`})
 	})
 	for _, tc := range []struct {
 		name string
@@ -518,15 +520,16 @@ func TestRetry_deadLetter(t *testing.T) {
 				}
 				errs = append(errs, attemptErr(i))
 			}
-			// The dead letter keeps the fields of the last attempt's entry:
-			// the errors before it, and its own error as dead_error.
+			// The dead letter keeps the fields of the last attempt's entry,
+			// with its own error added to last_error and error_history as a
+			// retry would, and in dead_error with the attempt count.
 			d := dead[tc.job.ID]
 			n := tc.max
-			hist, _ := json.Marshal(errs[max(0, n-1-5) : n-1])
+			hist, _ := json.Marshal(errs[max(0, n-5):n])
 			deadWant(t, d, map[string]string{
 				"dead_reason": consumer.ReasonExhausted, "dead_attempts": strconv.Itoa(n),
-				"dead_error": attemptErr(n - 1), stream.FieldAttempt: strconv.Itoa(n - 1),
-				stream.FieldLastError: attemptErr(n - 2), stream.FieldErrorHistory: string(hist),
+				"dead_error": fmt.Sprintf("attempt %d of %d: %s", n, n, attemptErr(n-1)), stream.FieldAttempt: strconv.Itoa(n - 1),
+				stream.FieldLastError: attemptErr(n - 1), stream.FieldErrorHistory: string(hist),
 				"dead_entry_id": calls[n-1].job.EntryID,
 			})
 			if n > 6 {

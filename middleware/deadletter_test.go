@@ -65,13 +65,13 @@ func TestDeadLetter_Recorder(t *testing.T) {
 		reason  string
 	}{
 		// MaxAttempts 1: the core itself dead-letters the plain error.
-		{"decided by the core", consumer.Config{MaxAttempts: 1}, fail, "send", consumer.ReasonExhausted},
-		{"decided by the handler", consumer.Config{},
+		{"decided by the core", consumer.Config{MaxAttempts: 1, KeepSettled: true}, fail, "send", consumer.ReasonExhausted},
+		{"decided by the handler", consumer.Config{KeepSettled: true},
 			consumer.HandlerFunc(func(context.Context, *stream.Job) error { return consumer.Dead("bad", nil) }), "send", "bad"},
-		{"decided by the mux", consumer.Config{}, consumer.NewMux(), "nobody", consumer.ReasonUnknownType},
+		{"decided by the mux", consumer.Config{KeepSettled: true}, consumer.NewMux(), "nobody", consumer.ReasonUnknownType},
 		// The core cancels the job's context at MaxRuntime before it
 		// settles; the hook's context is not cancelled.
-		{"after MaxRuntime", consumer.Config{MaxAttempts: 1, MaxRuntime: 10 * time.Millisecond},
+		{"after MaxRuntime", consumer.Config{MaxAttempts: 1, MaxRuntime: 10 * time.Millisecond, KeepSettled: true},
 			consumer.HandlerFunc(func(ctx context.Context, _ *stream.Job) error {
 				<-ctx.Done()
 				return ctx.Err()

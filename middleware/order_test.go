@@ -268,9 +268,9 @@ func TestOrder(t *testing.T) {
 		// applies all the same.
 		orderCheckDead(t, dead[0], hooks, job, consumer.ReasonExhausted)
 		v := dead[0].Values
-		if v["dead_attempts"] != "2" || v["error_history"] != `["flaky 0"]` || !strings.Contains(fmt.Sprint(v["dead_error"]), "flaky 1") ||
-			v["first_failed_at"] == nil {
-			t.Errorf("dead-letter entry %v: want 2 attempts, error_history [flaky 0], dead_error flaky 1, first_failed_at", v)
+		if v["dead_attempts"] != "2" || v["error_history"] != `["flaky 0","flaky 1"]` || v["dead_error"] != "attempt 2 of 2: flaky 1" ||
+			v["last_error"] != "flaky 1" || v["first_failed_at"] == nil {
+			t.Errorf("dead-letter entry %v: want 2 attempts, error_history [flaky 0, flaky 1], last_error flaky 1, dead_error \"attempt 2 of 2: flaky 1\", first_failed_at", v)
 		}
 		mu.Lock()
 		defer mu.Unlock()

@@ -3,7 +3,6 @@ package middleware
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -262,7 +261,7 @@ func (p *retryPolicy) retry(job *stream.Job, after time.Duration, err error) err
 		maxAttempts = p.cfg.MaxAttempts
 	}
 	if job.Attempt+1 >= maxAttempts {
-		return consumer.Dead(consumer.ReasonExhausted, fmt.Errorf("attempt %d of %d: %w", job.Attempt+1, maxAttempts, err))
+		return consumer.Dead(consumer.ReasonExhausted, consumer.ExhaustedError(job.Attempt+1, maxAttempts, err))
 	}
 	if after > 0 {
 		return consumer.Retry(min(after, p.cfg.MaxRetryAfter), err)

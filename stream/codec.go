@@ -10,6 +10,12 @@ import (
 	"time"
 )
 
+// MaxFields is the most fields (name/value pairs) an entry may have;
+// [DecodeLimit] rejects an entry with more. It bounds what a settlement
+// script copies: Lua cannot pass an unbounded list of values to one
+// command.
+const MaxFields = 1000
+
 // DefaultMaxEntryBytes is the largest entry, counting the bytes of all field
 // names and values, that [Decode] accepts.
 const DefaultMaxEntryBytes = 16 << 20
@@ -127,6 +133,9 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 	}
 	if len(fields) == 0 {
 		return fail("", "entry has no fields (an empty or trimmed entry)")
+	}
+	if len(fields) > MaxFields {
+		return fail("", "entry has %d fields, over the limit of %d", len(fields), MaxFields)
 	}
 	j := &Job{EntryID: id}
 	// Every field is looked at before an error is returned, so that the

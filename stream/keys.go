@@ -14,6 +14,10 @@ type Keys struct {
 	Dead string
 	// Delayed is the sorted set of jobs waiting for a later attempt.
 	Delayed string
+	// Crashes is the prefix of the crash counters of redelivered jobs (see
+	// consumer.Config.MaxCrashes): Crashes + entry ID is a string key with a
+	// time to live.
+	Crashes string
 }
 
 // KeysFor returns the keys of the queue whose stream is named stream.
@@ -28,7 +32,7 @@ func KeysFor(stream string) (Keys, error) {
 	if err != nil {
 		return Keys{}, err
 	}
-	return Keys{Stream: stream, Dead: prefix + ":dlq", Delayed: prefix + ":delayed"}, nil
+	return Keys{Stream: stream, Dead: prefix + ":dlq", Delayed: prefix + ":delayed", Crashes: prefix + ":crashes:"}, nil
 }
 
 // DerivedKey returns stream's key with the given suffix, in the stream's

@@ -158,8 +158,8 @@ func TestKeysFor(t *testing.T) {
 			name string
 			want stream.Keys
 		}{
-			{"orders", stream.Keys{Stream: "orders", Dead: "{orders}:dlq", Delayed: "{orders}:delayed"}},
-			{"{orders}:jobs", stream.Keys{Stream: "{orders}:jobs", Dead: "{orders}:jobs:dlq", Delayed: "{orders}:jobs:delayed"}},
+			{"orders", stream.Keys{Stream: "orders", Dead: "{orders}:dlq", Delayed: "{orders}:delayed", Crashes: "{orders}:crashes:"}},
+			{"{orders}:jobs", stream.Keys{Stream: "{orders}:jobs", Dead: "{orders}:jobs:dlq", Delayed: "{orders}:jobs:delayed", Crashes: "{orders}:jobs:crashes:"}},
 		}
 		for _, tt := range tests {
 			got, err := stream.KeysFor(tt.name)

@@ -2,6 +2,7 @@
 // one Redis, side by side in one run, and prints both rates and their ratio.
 //
 //	go run ./cmd/pelican-bench [-addr 127.0.0.1:6379] [-jobs 200000] [-rounds 3]
+//	go run ./cmd/pelican-bench -retention 10000000 [-backlog 100000]
 //
 // Floor: pipelined XADD in batches of 100; one loop of XREADGROUP COUNT 100
 // with a no-op handler and a plain XACK per batch (not owner-checked).
@@ -41,6 +42,8 @@ func main() {
 	policyJobs := flag.Int("policy-jobs", 50000, "jobs per failure-policy phase (0 skips them)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the Pelican consume phase to this file")
 	memprofile := flag.String("memprofile", "", "write an allocation profile of the Pelican consume phase to this file")
+	retention := flag.Int("retention", 0, "run only the retention phase: this many jobs through one queue, then the consume phase with settled entries deleted vs kept")
+	backlog := flag.Int("backlog", 100000, "retention phase: how far the producer may run ahead of the consumer")
 	flag.Parse()
 
 	rdb := redis.NewClient(&redis.Options{Addr: *addr, PoolSize: 32})
@@ -52,6 +55,10 @@ func main() {
 	b := &bench{rdb: rdb, n: *jobs, concurrency: *concurrency, cpuprofile: *cpuprofile, memprofile: *memprofile, payload: []byte(`{"user":12345,"action":"noop"}`)}
 
 	fmt.Printf("pelican-bench: %d jobs per phase, Redis %s, GOMAXPROCS %d\n\n", *jobs, *addr, runtime.GOMAXPROCS(0))
+	if *retention > 0 {
+		b.retention(ctx, *retention, *backlog, *rounds)
+		return
+	}
 	// Floor and Pelican alternate, round after round, so that a burst of
 	// load from elsewhere on the machine hits both; the table shows medians.
 	var floorProd, floorCons, pelProd, pelCons, floorAllocs, allocs []float64

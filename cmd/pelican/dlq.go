@@ -70,7 +70,7 @@ func (ff *filterFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringArrayVar(&ff.types, "type", nil, "keep jobs of this type (repeatable)")
 	fl.StringArrayVar(&ff.reasons, "reason", nil,
-		"keep jobs dead-lettered for this reason: malformed, unknown_type, max_deliveries, panic, exhausted, permanent (repeatable)")
+		"keep jobs dead-lettered for this reason: malformed, unknown_type, crashed, panic, exhausted, permanent (repeatable)")
 	fl.StringVar(&ff.since, "since", "", "keep jobs dead-lettered at or after this time (RFC3339, or a duration ago such as 2h)")
 	fl.StringVar(&ff.until, "until", "", "keep jobs dead-lettered before this time (RFC3339, or a duration ago such as 30m)")
 	fl.StringVar(&ff.errText, "error", "", "keep jobs whose dead_error contains this text")

@@ -22,7 +22,7 @@ type queue struct {
 
 // setupQueue makes a stream with 5 jobs, group "g" that read 3 of them
 // (consumer c1 holds 2 pending, c2 acknowledged 1), 2 delayed jobs and 3
-// dead letters (2 panic, 1 max_deliveries). It deletes its keys when t ends.
+// dead letters (2 panic, 1 crashed). It deletes its keys when t ends.
 func setupQueue(t *testing.T) *queue {
 	t.Helper()
 	ctx := context.Background()
@@ -53,7 +53,7 @@ func setupQueue(t *testing.T) *queue {
 		j, _ := stream.NewJSONJob("report", map[string]int{})
 		must(t, p.EnqueueIn(ctx, j, 3600e9))
 	}
-	for _, r := range []string{"panic", "panic", "max_deliveries"} {
+	for _, r := range []string{"panic", "panic", "crashed"} {
 		must(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: q.keys.Dead, Values: []any{"type", "email", "dead_reason", r}}).Err())
 	}
 	return q
@@ -75,10 +75,10 @@ func TestStats_table(t *testing.T) {
 	}
 	lines := strings.Split(out, "\n")
 	wantRows := [][]string{
-		{q.name, "5", "2", "3"},                 // stream, length, delayed, dead
-		{"g", "2", "2", q.ids[0]},               // group, pending, lag, oldest pending
-		{"g", "c1", "2"},                        // consumer row (idle in between)
-		{"max_deliveries", "1"}, {"panic", "2"}, // dead reasons
+		{q.name, "5", "2", "3"},          // stream, length, delayed, dead
+		{"g", "2", "2", q.ids[0]},        // group, pending, lag, oldest pending
+		{"g", "c1", "2"},                 // consumer row (idle in between)
+		{"crashed", "1"}, {"panic", "2"}, // dead reasons
 	}
 	for _, want := range wantRows {
 		if !hasRow(lines, want) {
@@ -136,7 +136,7 @@ func TestStats_json(t *testing.T) {
 	}
 	s := got[0]
 	if s.Stream != q.name || s.Length != 5 || s.Delayed != 2 || s.DeadLetters != 3 ||
-		s.DeadByReason["panic"] != 2 || s.DeadByReason["max_deliveries"] != 1 {
+		s.DeadByReason["panic"] != 2 || s.DeadByReason["crashed"] != 1 {
 		t.Errorf("stream stats = %+v", s)
 	}
 	if len(s.Groups) != 1 {

@@ -38,7 +38,7 @@
 // unreachable): those are counted by the consumer (Stats.Stale, exported by
 // the collector as pelican_stale_settlements_total), not here. Entries the
 // core dead-letters without running them (malformed entries, entries
-// delivered more than MaxDeliveries times) never reach the middleware; they are in pelican_settled_total{outcome="dead_letter"}
+// that crashed their worker MaxCrashes times) never reach the middleware; they are in pelican_settled_total{outcome="dead_letter"}
 // and in the dead-letter stream's length.
 //
 // # Import direction

@@ -177,10 +177,10 @@ func TestMetrics_Scenario(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	const acks, dead, retried = 5 + 2 + 2 + 2 + 1, 2, 4 + 1 // retries and the snooze
+	const acks, dead, retried, snoozed = 5 + 2 + 2 + 2 + 1, 2, 4, 1
 	waitFor(t, 20*time.Second, func() bool {
 		st := c.Stats()
-		return st.Acked == acks && st.DeadLettered == dead && st.Retried == retried
+		return st.Acked == acks && st.DeadLettered == dead && st.Retried == retried && st.Snoozed == snoozed
 	}, func() string { return fmt.Sprintf("stats %+v", c.Stats()) })
 
 	st := func(typ string) string { return fmt.Sprintf("stream=%q,type=%q", name, typ) }
