@@ -38,6 +38,18 @@
 //     reaches its end deletes the cursor.
 //   - Rate limiting is a schedule computed in Go: the n-th move starts no
 //     earlier than start + n/Rate.
+//   - ReplayOptions.BeforeMove runs before each move, never after: what it
+//     prepares (the CLI forgets the job's failed idempotency record) is done
+//     before the replayed job can run. If it fails, the entry stays dead.
+//
+// Idempotency records: a replayed job keeps its idempotency_key, so it meets
+// the record its operation left (middleware.Idempotency). A job that died
+// exhausted, by a panic or expired left none (the middleware released it) and
+// runs again; one whose operation completed under another job of the key is
+// acknowledged without running; one that died with reason permanent left a
+// failed record and dies again at once, with the same reason, unless the
+// record is forgotten first (BeforeMove, idem.Store.Forget). This package
+// does not know the store: the caller decides.
 //
 // Keys: the lease is stream.DerivedKey(dead-letter stream, "replay") and
 // the cursor stream.DerivedKey(dead-letter stream, "replay:cursor"), so every

@@ -37,6 +37,15 @@ const DefaultProgressInterval = 500 * time.Millisecond
 
 // ReplayOptions configures one [DLQ.Replay].
 type ReplayOptions struct {
+	// BeforeMove, if set, is called from Replay's goroutine for each
+	// matching entry just before it is moved, under the replay's lease (not
+	// in a dry run): to prepare what the replayed job will meet, such as
+	// forgetting its failed idempotency record (idem.Store.Forget). An error
+	// stops the replay with that error before the entry moves; the entry
+	// stays dead and a later Replay with the same filter calls BeforeMove for
+	// it again, so it must be idempotent. The entry may still turn out to be
+	// gone when its move runs (purged meanwhile: counted in Missing).
+	BeforeMove func(ctx context.Context, e Entry) error
 	// DryRun only counts what would be replayed: it takes no lease and
 	// writes nothing.
 	DryRun bool
@@ -243,6 +252,11 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 		}
 		if err := p.wait(ctx); err != nil {
 			return false, err
+		}
+		if o.BeforeMove != nil {
+			if err := o.BeforeMove(ctx, e); err != nil {
+				return false, fmt.Errorf("dlq: before replaying %s: %w", e.ID, err)
+			}
 		}
 		v, err := moveScript.Run(ctx, d.rdb, []string{d.dead, d.source, d.lease, d.cursor},
 			token, e.ID, d.cfg.CursorTTL.Milliseconds()).Result()

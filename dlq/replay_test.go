@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -371,4 +372,49 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestDLQ_ReplayBeforeMove: the hook sees each matching entry while it is
+// still dead and not yet replayed, in order, and never in a dry run; an
+// error stops the replay with that entry still dead, and the next Replay
+// calls the hook for it again and continues.
+func TestDLQ_ReplayBeforeMove(t *testing.T) {
+	t.Parallel()
+	d, b := setup(t, dlq.Config{PageSize: 2})
+	ctx := context.Background()
+	ids := addJobs(t, b, 5, "j")
+	var seen []string
+	refuse := ids[3]
+	hook := func(ctx context.Context, e dlq.Entry) error {
+		if _, err := d.Get(ctx, e.ID); err != nil {
+			t.Errorf("BeforeMove(%s): the entry is no longer dead: %v", e.ID, err)
+		}
+		if got := jobIDs(t, b); slices.Contains(got, e.Job.ID) {
+			t.Errorf("BeforeMove(%s): job %s already replayed", e.ID, e.Job.ID)
+		}
+		seen = append(seen, e.ID)
+		if e.ID == refuse {
+			return errors.New("store down")
+		}
+		return nil
+	}
+	if _, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{DryRun: true, BeforeMove: hook}); err != nil || len(seen) != 0 {
+		t.Fatalf("dry run: %v, hook called for %v; want no call", err, seen)
+	}
+	res, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{BeforeMove: hook})
+	if err == nil || !strings.Contains(err.Error(), "store down") || res.Replayed != 3 {
+		t.Fatalf("replay with a failing hook: %+v, %v; want 3 replayed and the hook's error", res, err)
+	}
+	if !slices.Equal(seen, ids[:4]) {
+		t.Fatalf("hook saw %v, want %v", seen, ids[:4])
+	}
+	if _, err := d.Get(ctx, refuse); err != nil {
+		t.Fatalf("the refused entry: %v, want it still dead", err)
+	}
+	refuse, seen = "", nil
+	res, err = d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{BeforeMove: hook})
+	if err != nil || !res.Resumed || res.Replayed != 2 || !slices.Equal(seen, ids[3:]) {
+		t.Fatalf("resumed replay: %+v, %v, hook saw %v; want the last 2, the refused one first", res, err, seen)
+	}
+	assertOnce(t, b, 5, "j")
 }

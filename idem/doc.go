@@ -14,6 +14,17 @@
 // checks, atomically, that the caller still owns it and returns
 // [ErrNotOwner] otherwise.
 //
+// A failed record is a verdict: the operation can never succeed, and later
+// deliveries of the key are not run (the middleware dead-letters them).
+// middleware.Idempotency fails a record only on such a verdict (a job that
+// dies with reason permanent); a failure that a later run may not have (a
+// transient error, even one that exhausted the job's attempts, a panic, an
+// expiry) releases the record, so that a dead-letter replay after a fix runs
+// the operation again. [Store.Forget] deletes a finished record on an operator's
+// request, compare-and-delete on its status: a failed one to run the
+// operation again after all (pelican dlq replay --forget-failed-idempotency),
+// a completed one to run it a second time on purpose.
+//
 // Invariants every Store keeps (the conformance suite in idem/idemtest
 // checks them; a third-party Store runs it too):
 //   - At most one owner holds a key's processing record at a time: of many
@@ -25,6 +36,8 @@
 //   - Completed and failed records are kept for the store's retention and
 //     then forgotten: a delivery after that runs again. Choose a retention
 //     longer than the retry horizon ([RetryHorizon], [ValidateRetention]).
+//   - Forget deletes only a finished record with the status asked for,
+//     never a processing one, and reports whether it deleted one.
 //   - Complete and Fail by the owner that already completed (failed) the
 //     record succeed without changing it, so a handler that completed inside
 //     its own transaction ([SQLStore.CompleteTx]) and a middleware that

@@ -34,8 +34,8 @@ const (
 	StatusCompleted
 	// StatusInProgress: another owner's lease on the key is running.
 	StatusInProgress
-	// StatusFailed: the operation failed permanently; Outcome.Reason says
-	// why.
+	// StatusFailed: the operation failed permanently (a verdict that no
+	// retry can change); Outcome.Reason says why.
 	StatusFailed
 )
 
@@ -96,6 +96,18 @@ type Store interface {
 	// starts the operation again (after a retryable failure). It returns
 	// ErrNotOwner if owner does not hold a processing record for key.
 	Release(ctx context.Context, key, owner string) error
+	// Forget deletes key's finished record if its status is status
+	// (StatusCompleted or StatusFailed), so that the next Begin starts the
+	// operation again, and reports whether it deleted one (false: no
+	// record, or one with another status). It is the operator's way back
+	// from a verdict: forget a failed record to run the operation again
+	// after a fix (a dead-letter replay), a completed one to run it a
+	// second time on purpose. A processing record is never forgotten: its
+	// owner runs the operation, and its lease frees the key if that owner
+	// died. The owner of a forgotten record can no longer Complete or Fail
+	// it (ErrNotOwner). It returns an error wrapping ErrInvalid for an
+	// empty key or any other status.
+	Forget(ctx context.Context, key string, status Status) (bool, error)
 }
 
 // Claim is a running operation: the key and owner token under which the
@@ -169,6 +181,17 @@ func checkArgs(key, owner string) error {
 	}
 	if owner == "" {
 		return fmt.Errorf("%w: empty owner", ErrInvalid)
+	}
+	return nil
+}
+
+// checkForget validates the arguments of Store.Forget.
+func checkForget(key string, status Status) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	}
+	if status != StatusCompleted && status != StatusFailed {
+		return fmt.Errorf("%w: cannot forget a %v record, only a completed or failed one", ErrInvalid, status)
 	}
 	return nil
 }

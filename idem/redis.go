@@ -26,10 +26,13 @@ var (
 	finishLua string
 	//go:embed release.lua
 	releaseLua string
+	//go:embed forget.lua
+	forgetLua string
 
 	beginScript   = redis.NewScript(beginLua)
 	finishScript  = redis.NewScript(finishLua)
 	releaseScript = redis.NewScript(releaseLua)
+	forgetScript  = redis.NewScript(forgetLua)
 )
 
 // RedisConfig configures [NewRedisStore].
@@ -149,4 +152,16 @@ func (s *RedisStore) Release(ctx context.Context, key, owner string) error {
 		return ErrNotOwner
 	}
 	return nil
+}
+
+// Forget implements [Store].
+func (s *RedisStore) Forget(ctx context.Context, key string, status Status) (bool, error) {
+	if err := checkForget(key, status); err != nil {
+		return false, err
+	}
+	n, err := forgetScript.Run(ctx, s.rdb, []string{s.prefix + key}, status.String()).Int()
+	if err != nil {
+		return false, fmt.Errorf("idem: forget %q: %w", key, err)
+	}
+	return n == 1, nil
 }

@@ -46,7 +46,7 @@ type SQLStore struct {
 	table     string
 	retention time.Duration
 
-	qBegin, qSelect, qFinish, qFinished, qRelease, qPurge string
+	qBegin, qSelect, qFinish, qFinished, qRelease, qForget, qPurge string
 }
 
 var sqlIdent = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
@@ -83,6 +83,8 @@ WHERE key = $1 AND owner = $2 AND status = 'processing'`
 	// $1 key, $2 owner, $3 status: already finished by this owner.
 	s.qFinished = `SELECT count(*) FROM ` + t + ` WHERE key = $1 AND owner = $2 AND status = $3`
 	s.qRelease = `DELETE FROM ` + t + ` WHERE key = $1 AND owner = $2 AND status = 'processing'`
+	// $1 key, $2 status: a finished record that Begin would report.
+	s.qForget = `DELETE FROM ` + t + ` WHERE key = $1 AND status = $2 AND expires_at > now()`
 	s.qPurge = `DELETE FROM ` + t + ` WHERE expires_at <= now()`
 	return s, nil
 }
@@ -246,6 +248,22 @@ func (s *SQLStore) Release(ctx context.Context, key, owner string) error {
 		return ErrNotOwner
 	}
 	return nil
+}
+
+// Forget implements [Store].
+func (s *SQLStore) Forget(ctx context.Context, key string, status Status) (bool, error) {
+	if err := checkForget(key, status); err != nil {
+		return false, err
+	}
+	res, err := s.db.ExecContext(ctx, s.qForget, key, status.String())
+	if err != nil {
+		return false, fmt.Errorf("idem: forget %q: %w", key, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("idem: forget %q: %w", key, err)
+	}
+	return n == 1, nil
 }
 
 // PurgeExpired deletes the rows whose lease or retention has passed and

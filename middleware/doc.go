@@ -39,6 +39,12 @@
 //     after the write (the OnDeadLetter alert, with the dead entry's ID). It
 //     also dead-letters jobs older than a maximum age, reason "expired",
 //     without running them.
+//   - [Idempotency], outside Retry, observes its decision: a job that dies
+//     with reason "permanent" fails the operation's record for good (later
+//     jobs of the key die at once without running, until the record is
+//     forgotten); every other outcome, deaths with reason "exhausted",
+//     "panic" or "expired" included, releases it, so that a dead-letter
+//     replay after a fix runs the job again.
 //   - [Timeout] cancels the job's context with cause [ErrJobTimeout], which
 //     Retry tells apart from the consumer's own cancellations.
 //   - Overload middleware (concurrency limits, rate limits, circuit breakers)

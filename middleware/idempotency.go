@@ -73,38 +73,56 @@ type IdempotencyConfig struct {
 }
 
 // Idempotency returns a middleware that runs each business operation, named
-// by the job's idempotency_key, once, however many times it is delivered or
-// enqueued. For each job it begins the key's record in store under a fresh
-// owner token (the entry ID and random bytes) and then:
+// by the job's idempotency_key ([IdempotencyKey]), once, however many times
+// it is delivered or enqueued. For each job it begins the key's record in
+// store under a fresh owner token (the entry ID and random bytes) and then:
 //
 //   - completed earlier: returns nil without calling the next handler, so
 //     the job is acknowledged; OnHit gets the stored result;
 //   - in progress under another owner: returns [consumer.Snooze] with the
 //     jittered InProgressDelay (no attempt counted);
-//   - failed permanently earlier: returns consumer.Dead with reason
+//   - failed earlier: returns consumer.Dead with reason
 //     [consumer.ReasonPermanent] and an error wrapping [idem.ErrFailed] and
-//     the stored reason, without running: an operation fails once, like it
-//     succeeds once. To run it again (a dead-letter replay after a fix),
-//     delete its record or give it a new key;
+//     the stored reason, without running: a verdict that the operation can
+//     never succeed holds for every job of the key, as a success does. To
+//     run it again after all (a dead-letter replay after fixing the data),
+//     forget the record ([idem.Store.Forget]; pelican dlq replay
+//     --forget-failed-idempotency) or give the job a new key;
 //   - started: calls the next handler with an [idem.Claim] in its context
 //     (idem.ClaimFromContext); the handler may set a result with
 //     Claim.SetResult, or complete the record itself inside its own
 //     transaction with [idem.SQLStore.CompleteTx].
 //
-// When the handler returns nil the record is completed before the job is
-// acknowledged (completion first, then ack: a crash between the two leaves
-// a completed record, and the redelivery is a hit). If the completion fails
-// the job fails with a retryable error: the record stays processing until
-// its lease passes and the operation may run again. If the store answers
-// [idem.ErrNotOwner] (the lease passed and another delivery took the record
-// over) the job is snoozed, and its next delivery follows the record.
-// A handler error that is a permanent failure (errors.Is
-// [consumer.ErrPermanent], or a dead-letter outcome, as Retry makes) fails
-// the record with the error's text (its first 1 KiB) as reason; an error
-// wrapping idem.ErrNotOwner (a CompleteTx that lost the record, whose
-// transaction rolled back) snoozes the job; every other error releases the record, so a retry runs
-// again. The error itself is returned unchanged. A panic releases the
-// record and panics on.
+// What becomes of a started record follows what the next handler returned
+// (with Retry inside this middleware, as recommended, Retry's decision):
+//
+//   - nil: the record is completed before the job is acknowledged
+//     (completion first, then ack: a crash between the two leaves a
+//     completed record, and the redelivery is a hit). If the completion
+//     fails the job fails with a retryable error: the record stays
+//     processing until its lease passes and the operation may run again. If
+//     the store answers [idem.ErrNotOwner] (the lease passed and another
+//     delivery took the record over) the job is snoozed, and its next
+//     delivery follows the record.
+//   - A verdict that the operation can never succeed, the one outcome that
+//     fails the record (with the error's text, its first 1 KiB, as reason):
+//     consumer.Dead with reason [consumer.ReasonPermanent], which Retry makes
+//     of a [consumer.Permanent] error or a [stream.ErrPayload] (and which,
+//     without Retry, such an error becomes in the consumer).
+//   - An error wrapping idem.ErrNotOwner (a CompleteTx that lost the record,
+//     whose transaction rolled back): the job is snoozed.
+//   - Everything else releases the record, so that the next delivery of the
+//     key runs the operation again: a retry, a snooze, and the deaths that
+//     are no verdict on the operation: reason exhausted (a transient failure
+//     that ran out of attempts), panic (a bug), expired (too old to run,
+//     [ReasonExpired]) and reasons of your own given to [consumer.Dead] (use
+//     ReasonPermanent for a verdict). So a dead-letter replay after a fix
+//     runs those jobs again. A panic that reaches this middleware (no Retry
+//     inside it) releases the record and panics on. A job the consumer
+//     dead-letters itself (max_deliveries: it killed its workers) never
+//     returns here; its processing record is freed by its lease.
+//
+// The next handler's error is returned unchanged.
 //
 // Place it after tracing and locks and before Retry (see the package
 // documentation), so that a job that must not run is skipped or snoozed
@@ -139,12 +157,9 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 	}
 	return func(next consumer.Handler) consumer.Handler {
 		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) (err error) {
-			key := job.IdempotencyKey
+			key := IdempotencyKey(job, cfg.Missing)
 			if key == "" {
-				if cfg.Missing == MissingSkip || job.ID == "" {
-					return next.Process(ctx, job)
-				}
-				key = job.ID
+				return next.Process(ctx, job)
 			}
 			owner := idemOwner(job)
 			out, err := store.Begin(ctx, key, owner, cfg.Lease)
@@ -212,14 +227,29 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 	}
 }
 
-// idemPermanent reports whether err ends the job for good: a permanent
-// error or a dead-letter outcome.
-func idemPermanent(err error) bool {
-	if errors.Is(err, consumer.ErrPermanent) {
-		return true
+// IdempotencyKey returns the key under which [Idempotency] with policy
+// missing records job's operation: its idempotency_key, else under
+// [MissingUseJobID] its ID, else "" (the job runs without a record). Tools
+// that act on a job's record (pelican dlq replay) use it with
+// MissingUseJobID: a job without an idempotency_key has no other record.
+func IdempotencyKey(job *stream.Job, missing MissingKeyPolicy) string {
+	if job.IdempotencyKey != "" || missing != MissingUseJobID {
+		return job.IdempotencyKey
 	}
+	return job.ID
+}
+
+// idemPermanent reports whether err, returned by the next handler, is a
+// verdict that the operation can never succeed: the job dies with reason
+// permanent. An outcome decides by itself (Retry's, or the handler's own);
+// a bare error is what the consumer dead-letters as permanent. Other dead
+// reasons (exhausted, panic, expired, the handler's own) are not verdicts.
+func idemPermanent(err error) bool {
 	var o *consumer.Outcome
-	return errors.As(err, &o) && o.IsDead()
+	if errors.As(err, &o) {
+		return o.IsDead() && o.Reason() == consumer.ReasonPermanent
+	}
+	return errors.Is(err, consumer.ErrPermanent) || errors.Is(err, stream.ErrPayload)
 }
 
 func idemRelease(ctx context.Context, log *slog.Logger, store idem.Store, job *stream.Job, key, owner string) {

@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -98,8 +99,10 @@ func TestIdempotency_inProgressSnoozes(t *testing.T) {
 func TestIdempotency_permanentFailureFailsTheRecord(t *testing.T) {
 	t.Parallel()
 	for name, fail := range map[string]error{
-		"Permanent": consumer.Permanent(errors.New("card declined")),
-		"Dead":      consumer.Dead(consumer.ReasonExhausted, errors.New("card declined")),
+		"Permanent":     consumer.Permanent(errors.New("card declined")),
+		"Dead":          consumer.Dead(consumer.ReasonPermanent, errors.New("card declined")),
+		"Dead no cause": consumer.Dead("", errors.New("card declined")),
+		"ErrPayload":    fmt.Errorf("%w: card declined", stream.ErrPayload),
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -123,6 +126,96 @@ func TestIdempotency_permanentFailureFailsTheRecord(t *testing.T) {
 				t.Fatalf("runs = %d, want 1", runs.Load())
 			}
 		})
+	}
+}
+
+// TestIdempotency_deathWithoutVerdictReleases: a job that dies for a
+// reason other than permanent (its attempts exhausted by a transient error,
+// a panic, an expiry, a reason of the handler's own) leaves no failed
+// record: the next delivery of the key, as a dead-letter replay after a fix
+// makes, runs the operation.
+func TestIdempotency_deathWithoutVerdictReleases(t *testing.T) {
+	t.Parallel()
+	for _, reason := range []string{consumer.ReasonExhausted, consumer.ReasonPanic, middleware.ReasonExpired, "fraud_suspected"} {
+		t.Run(reason, func(t *testing.T) {
+			t.Parallel()
+			store := idemSetup(t)
+			fail := consumer.Dead(reason, errors.New("smtp: timeout"))
+			var runs atomic.Int64
+			h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
+				consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+					if runs.Add(1) == 1 {
+						return fail
+					}
+					return nil
+				}))
+			if err := h.Process(context.Background(), idemJob("op")); err != fail {
+				t.Fatalf("first run returned %v, want the handler's error unchanged", err)
+			}
+			if o, _ := store.Begin(context.Background(), "op", "probe", time.Minute); o.Status != idem.StatusStarted {
+				t.Fatalf("record after a death with reason %s: %v, want none (released)", reason, o.Status)
+			}
+			_ = store.Release(context.Background(), "op", "probe")
+			if err := h.Process(context.Background(), idemJob("op")); err != nil || runs.Load() != 2 {
+				t.Fatalf("next delivery: %v, runs %d; want a second run that completes", err, runs.Load())
+			}
+		})
+	}
+}
+
+// TestIdempotency_exhaustedThroughRetry: with Retry inside, as the chain
+// recommends, a transient error on the job's last attempt dies exhausted and
+// releases the record; the replayed job (attempt 0 again) runs and
+// completes, and only a permanent error fails the record.
+func TestIdempotency_exhaustedThroughRetry(t *testing.T) {
+	t.Parallel()
+	store := idemSetup(t)
+	var fixed atomic.Bool
+	var runs atomic.Int64
+	h := consumer.Chain(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		runs.Add(1)
+		if job.Type == "bad" {
+			return consumer.Permanent(errors.New("no such account"))
+		}
+		if !fixed.Load() {
+			return errors.New("connection refused")
+		}
+		return nil
+	}), middleware.Idempotency(store, middleware.IdempotencyConfig{}), middleware.Retry(middleware.RetryConfig{MaxAttempts: 3}))
+	ctx := context.Background()
+
+	last := idemJob("op")
+	last.Attempt = 2
+	err := h.Process(ctx, last)
+	var o *consumer.Outcome
+	if !errors.As(err, &o) || !o.IsDead() || o.Reason() != consumer.ReasonExhausted {
+		t.Fatalf("last attempt: %v, want dead (exhausted)", err)
+	}
+	fixed.Store(true)
+	if err := h.Process(ctx, idemJob("op")); err != nil || runs.Load() != 2 {
+		t.Fatalf("replayed job: %v, runs %d; want it run again and done", err, runs.Load())
+	}
+	if o, _ := store.Begin(ctx, "op", "probe", time.Minute); o.Status != idem.StatusCompleted {
+		t.Fatalf("record after the replay: %v, want completed", o.Status)
+	}
+
+	bad := idemJob("bad-op")
+	bad.Type = "bad"
+	for i := range 2 {
+		err := h.Process(ctx, bad)
+		if !errors.As(err, &o) || !o.IsDead() || o.Reason() != consumer.ReasonPermanent {
+			t.Fatalf("permanent failure, delivery %d: %v, want dead (permanent)", i, err)
+		}
+	}
+	if runs.Load() != 3 {
+		t.Fatalf("runs %d, want 3: the failed operation must not run again", runs.Load())
+	}
+	if ok, err := store.Forget(ctx, "bad-op", idem.StatusFailed); !ok || err != nil {
+		t.Fatalf("Forget(failed) = %v, %v", ok, err)
+	}
+	_ = h.Process(ctx, bad)
+	if runs.Load() != 4 {
+		t.Fatalf("runs %d, want 4: a forgotten failure runs again", runs.Load())
 	}
 }
 

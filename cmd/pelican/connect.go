@@ -74,17 +74,27 @@ func wrongType(err error) bool {
 // checkStream returns a not-found error (exit 4) if key does not exist and a
 // wrong-type error (exit 1) if it is not a stream.
 func checkStream(ctx context.Context, rdb redis.UniversalClient, key string) error {
+	ok, err := streamExists(ctx, rdb, key)
+	if err == nil && !ok {
+		return fail(exitNotFound, "unknown stream %q", key)
+	}
+	return err
+}
+
+// streamExists reports whether key is a stream; it returns a wrong-type
+// error (exit 1) if key is another type.
+func streamExists(ctx context.Context, rdb redis.UniversalClient, key string) (bool, error) {
 	typ, err := rdb.Type(ctx, key).Result()
 	if err != nil {
-		return fail(exitError, "type of %s: %w", key, err)
+		return false, fail(exitError, "type of %s: %w", key, err)
 	}
 	switch typ {
 	case "stream":
-		return nil
+		return true, nil
 	case "none":
-		return fail(exitNotFound, "unknown stream %q", key)
+		return false, nil
 	default:
-		return fail(exitError, "wrong key type: %q is a %s, not a stream", key, typ)
+		return false, fail(exitError, "wrong key type: %q is a %s, not a stream", key, typ)
 	}
 }
 

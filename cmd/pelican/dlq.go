@@ -16,11 +16,14 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/pelicanqueue/pelican/dlq"
+	"github.com/pelicanqueue/pelican/idem"
+	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -53,7 +56,10 @@ exits 2.
 
 replay and purge ask for confirmation unless --yes; a declined prompt exits 3
 and changes nothing. Ctrl-C stops a replay cleanly (exit 130); run the same
-command again to continue where it stopped: each job is replayed once.`,
+command again to continue where it stopped: each job is replayed once.
+What replay does with idempotency records: pelican dlq replay --help.
+
+A stream that exists neither as <stream> nor as its dead-letter stream exits 4.`,
 	}
 	c.AddCommand(newDLQLsCmd(a), newDLQShowCmd(a), newDLQReplayCmd(a), newDLQPurgeCmd(a))
 	return c
@@ -108,21 +114,38 @@ func parseWhen(flag, s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fail(exitUsage, "invalid %s %q: want an RFC3339 time (2026-01-02T15:04:05Z) or a duration ago (90m, 2h)", flag, s)
 }
 
-// openDLQ connects and returns the DLQ of source; close releases the client.
-func openDLQ(ctx context.Context, a *app, source string) (d *dlq.DLQ, closeFn func(), err error) {
+// openDLQ connects and returns the DLQ of source and the client; closeFn
+// closes the client. An unknown stream (neither source nor its dead-letter
+// stream exists: a mistyped name) exits 4; a key of another type exits 1.
+// A dead-letter stream whose source is gone can still be operated.
+func openDLQ(ctx context.Context, a *app, source string) (d *dlq.DLQ, rdb redis.UniversalClient, closeFn func(), err error) {
 	if _, err := stream.KeysFor(source); err != nil {
-		return nil, nil, fail(exitUsage, "%v", err)
+		return nil, nil, nil, fail(exitUsage, "%v", err)
 	}
-	rdb, err := a.connect(ctx)
+	rdb, err = a.connect(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	closeFn = func() { _ = rdb.Close() }
 	d, err = dlq.New(rdb, source, dlq.Config{})
 	if err != nil {
-		_ = rdb.Close()
-		return nil, nil, fail(exitUsage, "%v", err)
+		closeFn()
+		return nil, nil, nil, fail(exitUsage, "%v", err)
 	}
-	return d, func() { _ = rdb.Close() }, nil
+	found := false
+	for _, key := range []string{d.Source(), d.Stream()} {
+		ok, err := streamExists(ctx, rdb, key)
+		if err != nil {
+			closeFn()
+			return nil, nil, nil, err
+		}
+		found = found || ok
+	}
+	if !found {
+		closeFn()
+		return nil, nil, nil, fail(exitNotFound, "unknown stream %q (nor is there a dead-letter stream %q)", source, d.Stream())
+	}
+	return d, rdb, closeFn, nil
 }
 
 // entryJSON is a dead-letter entry in --output json.
@@ -233,7 +256,7 @@ func newDLQLsCmd(a *app) *cobra.Command {
 			if limit <= 0 {
 				return fail(exitUsage, "invalid --limit %d: must be positive", limit)
 			}
-			d, closeFn, err := openDLQ(cmd.Context(), a, args[0])
+			d, _, closeFn, err := openDLQ(cmd.Context(), a, args[0])
 			if err != nil {
 				return err
 			}
@@ -285,7 +308,7 @@ func newDLQShowCmd(a *app) *cobra.Command {
 			if _, ok := stream.EntryTime(id); !ok || !strings.Contains(id, "-") {
 				return fail(exitUsage, "invalid entry ID %q: want <ms>-<seq> such as 1700000000000-0", id)
 			}
-			d, closeFn, err := openDLQ(cmd.Context(), a, args[0])
+			d, _, closeFn, err := openDLQ(cmd.Context(), a, args[0])
 			if err != nil {
 				return err
 			}
@@ -469,24 +492,91 @@ type replayJSON struct {
 	Resumed  bool    `json:"resumed"`
 	Seconds  float64 `json:"seconds"`
 	Rate     float64 `json:"rate"`
+	// ForgetFailedIdempotency is --forget-failed-idempotency; Forgotten
+	// counts the failed records deleted, under IdempotencyPrefix.
+	ForgetFailedIdempotency bool   `json:"forget_failed_idempotency"`
+	IdempotencyPrefix       string `json:"idempotency_prefix,omitempty"`
+	Forgotten               int    `json:"forgotten_idempotency_records"`
+}
+
+const replayLong = `replay moves the matching dead-letter jobs back to <stream>, oldest first, each
+atomically (without its dead_* fields and attempt). It asks for confirmation
+unless --yes (declined: exit 3, nothing replayed).
+
+Only one replay of a dead-letter stream runs at a time: another one exits 3.
+Ctrl-C (or SIGTERM) stops it cleanly with exit 130; running the same command
+(same filters) again continues where it stopped, so each job is replayed once.
+
+Idempotency records (middleware.Idempotency): a replayed job keeps its
+idempotency_key and meets the record its operation left. A job that died
+exhausted, by a panic or expired left none: it runs again. A job whose
+operation completed (under another job of the same key) is acknowledged without
+running. A job that died with reason permanent left a failed record: it dies
+again at once, reason permanent, without running. replay leaves the records as
+they are unless --forget-failed-idempotency: then, just before each job moves,
+it deletes the job's record if that record is failed (never a completed or a
+running one), so that the job runs again. The record's key is the job's
+idempotency_key, else its job ID (as with IdempotencyConfig.Missing =
+MissingUseJobID). That needs the Redis store (idem.RedisStore) in the Redis of
+the stream, under the key prefix --idempotency-prefix (the consumers'
+idem.RedisConfig.Prefix; default ` + idem.DefaultPrefix + `).
+Records in PostgreSQL (idem.SQLStore) are deleted with SQL, before the replay.`
+
+// idemPrefix returns the key prefix of the idempotency records of source's
+// jobs: flag when given, else the idem store's default. The one place that
+// knows the default, so that a per-queue default derived from the stream
+// (such as {orders}:idem:) is one change here.
+func idemPrefix(flag, source string) string {
+	if flag != "" {
+		return flag
+	}
+	return idem.DefaultPrefix
+}
+
+// forgetFailed returns a ReplayOptions.BeforeMove that deletes the failed
+// idempotency record of each job about to be replayed, and the count of
+// records it deleted.
+func forgetFailed(rdb redis.UniversalClient, prefix string) (func(context.Context, dlq.Entry) error, *int) {
+	store := idem.NewRedisStore(rdb, idem.RedisConfig{Prefix: prefix})
+	n := new(int)
+	return func(ctx context.Context, e dlq.Entry) error {
+		if e.Job == nil {
+			return nil // malformed: never had a record
+		}
+		key := middleware.IdempotencyKey(e.Job, middleware.MissingUseJobID)
+		if key == "" {
+			return nil
+		}
+		ok, err := store.Forget(ctx, key, idem.StatusFailed)
+		if err != nil {
+			return err
+		}
+		if ok {
+			*n++
+		}
+		return nil
+	}, n
+}
+
+// idemNote says what a replay does with idempotency records, for prompts.
+func idemNote(forget bool, prefix string) string {
+	if !forget {
+		return ""
+	}
+	return fmt.Sprintf(", forgetting their failed idempotency records under %q", prefix)
 }
 
 func newDLQReplayCmd(a *app) *cobra.Command {
 	var ff filterFlags
 	var rate float64
 	var limit int
-	var dryRun bool
+	var dryRun, forget bool
+	var prefixFlag string
 	cmd := &cobra.Command{
 		Use:   "replay <stream>",
 		Short: "Move dead-letter jobs back to <stream>, rate-limited and resumable",
-		Long: `replay moves the matching dead-letter jobs back to <stream>, oldest first, each
-atomically (without its dead_* fields and attempt). It asks for confirmation
-unless --yes (declined: exit 3, nothing replayed).
-
-Only one replay of a dead-letter stream runs at a time: another one exits 3.
-Ctrl-C (or SIGTERM) stops it cleanly with exit 130; running the same command
-(same filters) again continues where it stopped, so each job is replayed once.`,
-		Args: cobra.ExactArgs(1),
+		Long:  replayLong,
+		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := ff.filter(time.Now())
 			if err != nil {
@@ -498,7 +588,14 @@ Ctrl-C (or SIGTERM) stops it cleanly with exit 130; running the same command
 			if limit < 0 {
 				return fail(exitUsage, "invalid --limit %d: must not be negative (0: no limit)", limit)
 			}
-			d, closeFn, err := openDLQ(cmd.Context(), a, args[0])
+			if prefixFlag != "" && !forget {
+				return fail(exitUsage, "--idempotency-prefix needs --forget-failed-idempotency")
+			}
+			prefix := ""
+			if forget {
+				prefix = idemPrefix(prefixFlag, args[0])
+			}
+			d, rdb, closeFn, err := openDLQ(cmd.Context(), a, args[0])
 			if err != nil {
 				return err
 			}
@@ -511,27 +608,37 @@ Ctrl-C (or SIGTERM) stops it cleanly with exit 130; running the same command
 			}
 			if dryRun || plan.Replayed == 0 {
 				if a.output == "json" {
-					return printJSON(a, replayJSON{DryRun: dryRun, Replayed: plan.Replayed, Resumed: plan.Resumed})
+					return printJSON(a, replayJSON{DryRun: dryRun, Replayed: plan.Replayed, Resumed: plan.Resumed,
+						ForgetFailedIdempotency: forget, IdempotencyPrefix: prefix})
 				}
 				if dryRun {
-					fmt.Fprintf(a.out, "would replay %d jobs from %s to %s%s\n", plan.Replayed, d.Stream(), d.Source(), resumedNote(plan.Resumed))
+					fmt.Fprintf(a.out, "would replay %d jobs from %s to %s%s%s\n", plan.Replayed, d.Stream(), d.Source(),
+						idemNote(forget, prefix), resumedNote(plan.Resumed))
 				} else {
 					fmt.Fprintf(a.out, "nothing to replay in %s\n", d.Stream())
 				}
 				return nil
 			}
-			if err := confirm(cmd.Context(), a, fmt.Sprintf("Replay %d jobs from %s to %s at %s%s?",
-				plan.Replayed, d.Stream(), d.Source(), fmtRate(rate), resumedNote(plan.Resumed)),
+			if err := confirm(cmd.Context(), a, fmt.Sprintf("Replay %d jobs from %s to %s at %s%s%s?",
+				plan.Replayed, d.Stream(), d.Source(), fmtRate(rate), idemNote(forget, prefix), resumedNote(plan.Resumed)),
 				"replay not confirmed: nothing replayed"); err != nil {
 				return err
 			}
 
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()
+			var (
+				beforeMove func(context.Context, dlq.Entry) error
+				forgotten  = new(int)
+			)
+			if forget {
+				beforeMove, forgotten = forgetFailed(rdb, prefix)
+			}
 			pg := newProgress(a, "replay", "jobs", plan.Replayed)
 			res, err := d.Replay(ctx, f, dlq.ReplayOptions{
-				Rate:  rate,
-				Limit: limit,
+				BeforeMove: beforeMove,
+				Rate:       rate,
+				Limit:      limit,
 				Progress: func(p dlq.ReplayProgress) {
 					if p.Total > 0 && p.Total != pg.total {
 						pg.total = p.Total
@@ -544,15 +651,21 @@ Ctrl-C (or SIGTERM) stops it cleanly with exit 130; running the same command
 				ProgressInterval: progressInterval(a),
 			})
 			pg.end()
+			idemLine := "idempotency records left as they were: a replayed job whose record failed (it died with reason permanent) dies again without running; --forget-failed-idempotency forgets those records"
+			if forget {
+				idemLine = fmt.Sprintf("forgot %d failed idempotency records under %q: those jobs run again", *forgotten, prefix)
+			}
 			switch {
 			case err != nil && ctx.Err() != nil:
-				fmt.Fprintf(a.errOut, "interrupted after replaying %d jobs; run the same command again to continue where it stopped\n", res.Replayed)
+				fmt.Fprintf(a.errOut, "interrupted after replaying %d jobs; run the same command again to continue where it stopped\n%s\n", res.Replayed, idemLine)
 				return fail(exitInterrupted, "replay interrupted")
 			case errors.Is(err, dlq.ErrReplayActive):
 				return fail(exitRefused, "another replay of %s is running; wait for it to finish (or for its lease to expire if it crashed): %w", d.Stream(), err)
 			case errors.Is(err, dlq.ErrLeaseLost):
+				fmt.Fprintln(a.errOut, idemLine)
 				return fail(exitError, "replay stopped after %d jobs: its lease was lost; run the same command again to continue: %w", res.Replayed, err)
 			case err != nil:
+				fmt.Fprintln(a.errOut, idemLine)
 				return fail(exitError, "replay stopped after %d jobs: %w", res.Replayed, err)
 			}
 			r := 0.0
@@ -561,13 +674,15 @@ Ctrl-C (or SIGTERM) stops it cleanly with exit 130; running the same command
 			}
 			if a.output == "json" {
 				return printJSON(a, replayJSON{Replayed: res.Replayed, Missing: res.Missing, Resumed: res.Resumed,
-					Seconds: res.Elapsed.Seconds(), Rate: r})
+					Seconds: res.Elapsed.Seconds(), Rate: r,
+					ForgetFailedIdempotency: forget, IdempotencyPrefix: prefix, Forgotten: *forgotten})
 			}
 			fmt.Fprintf(a.out, "replayed %d jobs from %s to %s in %s (%.1f/s)%s\n",
 				res.Replayed, d.Stream(), d.Source(), fmtDuration(res.Elapsed), r, resumedNote(res.Resumed))
 			if res.Missing > 0 {
 				fmt.Fprintf(a.out, "%d entries were gone before their turn (purged or replayed elsewhere)\n", res.Missing)
 			}
+			fmt.Fprintln(a.out, idemLine)
 			return nil
 		},
 	}
@@ -575,6 +690,10 @@ Ctrl-C (or SIGTERM) stops it cleanly with exit 130; running the same command
 	cmd.Flags().Float64Var(&rate, "rate", defaultReplayRate, "replay at most this many jobs per second (0: no limit)")
 	cmd.Flags().IntVar(&limit, "limit", 0, "replay at most this many jobs (0: all); the next run continues after them")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "only count the jobs that would be replayed")
+	cmd.Flags().BoolVar(&forget, "forget-failed-idempotency", false,
+		"before moving each job, delete its idempotency record if it is failed (Redis store), so that the job runs again")
+	cmd.Flags().StringVar(&prefixFlag, "idempotency-prefix", "",
+		"key prefix of the idempotency records in Redis (idem.RedisConfig.Prefix); default "+idem.DefaultPrefix)
 	return cmd
 }
 
@@ -615,7 +734,7 @@ Ctrl-C stops it with exit 130; what was deleted stays deleted.`,
 			if err != nil {
 				return err
 			}
-			d, closeFn, err := openDLQ(cmd.Context(), a, args[0])
+			d, _, closeFn, err := openDLQ(cmd.Context(), a, args[0])
 			if err != nil {
 				return err
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/dlq"
+	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 )
 
@@ -475,5 +476,139 @@ func TestDLQ_Purge(t *testing.T) {
 	}
 	if !strings.Contains(errOut, "purge: 4/4") {
 		t.Errorf("purge printed no progress on a non-terminal stderr: %q", errOut)
+	}
+}
+
+// TestDLQ_unknownStream: a stream that exists neither as itself nor as its
+// dead-letter stream exits 4 for every dlq command, as stats, pending and
+// trim do, and a key of another type exits 1. A dead-letter stream whose
+// source is gone is still operated (the other tests have no source stream).
+func TestDLQ_unknownStream(t *testing.T) {
+	t.Parallel()
+	fx := setupDLQ(t)
+	missing := fx.source + ":missing"
+	for _, args := range [][]string{
+		{"dlq", "ls", missing},
+		{"dlq", "ls", missing, "-o", "json"},
+		{"dlq", "show", missing, "1-1"},
+		{"dlq", "replay", missing, "--yes"},
+		{"dlq", "replay", missing, "--dry-run"},
+		{"dlq", "purge", missing, "--yes"},
+		{"dlq", "purge", missing, "--dry-run"},
+	} {
+		out, errOut, code := runCLI(t, nil, "", args...)
+		mustCode(t, exitNotFound, out, errOut, code)
+		if !strings.Contains(errOut, `unknown stream "`+missing+`"`) {
+			t.Errorf("%v: stderr %q does not name the unknown stream", args, errOut)
+		}
+	}
+	if err := fx.rdb.Set(fx.ctx, fx.source, "not a stream", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"dlq", "ls", fx.source}, {"dlq", "purge", fx.source, "--yes"}} {
+		out, errOut, code := runCLI(t, nil, "", args...)
+		mustCode(t, exitError, out, errOut, code)
+		if !strings.Contains(errOut, "wrong key type") {
+			t.Errorf("%v: stderr %q, want wrong key type", args, errOut)
+		}
+	}
+}
+
+// TestDLQ_ReplayIdempotency: replay says what it does with idempotency
+// records; by default it leaves them, and with --forget-failed-idempotency
+// it deletes, before each move, the job's record if and only if it is failed,
+// keyed by idempotency_key or else job_id, under --idempotency-prefix.
+func TestDLQ_ReplayIdempotency(t *testing.T) {
+	t.Parallel()
+	fx := setupDLQ(t)
+	prefix := redistest.Prefix(t, fx.rdb)
+	store := idem.NewRedisStore(fx.rdb, idem.RedisConfig{Prefix: prefix})
+	record := func(key string, st idem.Status) {
+		t.Helper()
+		if _, err := store.Begin(fx.ctx, key, "w1", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		switch st {
+		case idem.StatusFailed:
+			must(t, store.Fail(fx.ctx, key, "w1", "no such account"))
+		case idem.StatusCompleted:
+			must(t, store.Complete(fx.ctx, key, "w1", nil))
+		}
+	}
+	status := func(key string) idem.Status {
+		t.Helper()
+		o, err := store.Begin(fx.ctx, key, "probe", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Status == idem.StatusStarted {
+			must(t, store.Release(fx.ctx, key, "probe"))
+		}
+		return o.Status
+	}
+	// Dead jobs keyed by: a failed record, a completed one, a running one,
+	// none; and one without idempotency_key whose job ID has a failed
+	// record (IdempotencyConfig.Missing = MissingUseJobID).
+	record("ik-failed", idem.StatusFailed)
+	record("ik-done", idem.StatusCompleted)
+	record("ik-running", idem.StatusInProgress)
+	record("job-by-id", idem.StatusFailed)
+	add := func(fields ...any) {
+		t.Helper()
+		fields = append([]any{"v", "1", "type", "t", "payload", "{}"}, fields...)
+		fields = append(fields, "dead_reason", "permanent", "dead_error", "no such account", "dead_stream", fx.source)
+		must(t, fx.rdb.XAdd(fx.ctx, &redis.XAddArgs{Stream: fx.dead, Values: fields}).Err())
+	}
+	for _, ik := range []string{"ik-failed", "ik-done", "ik-running", "ik-none"} {
+		add("job_id", "job-"+ik, "idempotency_key", ik)
+	}
+	add("job_id", "job-by-id")
+
+	out, errOut, code := runCLI(t, nil, "", "dlq", "replay", fx.source, "--idempotency-prefix", prefix, "--yes")
+	mustCode(t, exitUsage, out, errOut, code)
+
+	// Without the flag: records untouched, and the output says so.
+	out, errOut, code = runCLI(t, nil, "", "dlq", "replay", fx.source, "--yes", "--rate", "0", "--limit", "1")
+	mustCode(t, 0, out, errOut, code)
+	if !strings.Contains(out, "idempotency records left as they were") || !strings.Contains(out, "--forget-failed-idempotency") {
+		t.Errorf("replay output does not say what it did with idempotency records:\n%s", out)
+	}
+	if st := status("ik-failed"); st != idem.StatusFailed {
+		t.Errorf("replay without --forget-failed-idempotency: record %v, want failed", st)
+	}
+
+	out, errOut, code = runCLI(t, nil, "", "dlq", "replay", fx.source, "--dry-run",
+		"--forget-failed-idempotency", "--idempotency-prefix", prefix)
+	mustCode(t, 0, out, errOut, code)
+	if want := fmt.Sprintf("would replay 4 jobs from %s to %s, forgetting their failed idempotency records under %q", fx.dead, fx.source, prefix); !strings.Contains(out, want) {
+		t.Errorf("dry run: %q, want %q", out, want)
+	}
+	if st := status("job-by-id"); st != idem.StatusFailed {
+		t.Errorf("dry run changed a record: %v", st)
+	}
+
+	out, errOut, code = runCLI(t, nil, "", "dlq", "replay", fx.source, "--yes", "--rate", "0", "-o", "json",
+		"--forget-failed-idempotency", "--idempotency-prefix", prefix)
+	mustCode(t, 0, out, errOut, code)
+	var res replayJSON
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("replay json: %v\n%s", err, out)
+	}
+	if res.Replayed != 4 || !res.ForgetFailedIdempotency || res.IdempotencyPrefix != prefix || res.Forgotten != 1 {
+		t.Errorf("replay json %+v, want 4 replayed and 1 failed record forgotten under %q", res, prefix)
+	}
+	for key, want := range map[string]idem.Status{
+		"ik-failed":  idem.StatusFailed, // replayed earlier, without the flag
+		"ik-done":    idem.StatusCompleted,
+		"ik-running": idem.StatusInProgress,
+		"ik-none":    idem.StatusStarted,
+		"job-by-id":  idem.StatusStarted,
+	} {
+		if st := status(key); st != want {
+			t.Errorf("record %s after the replay: %v, want %v", key, st, want)
+		}
+	}
+	if n := fx.rdb.XLen(fx.ctx, fx.source).Val(); n != 5 {
+		t.Errorf("source stream has %d jobs, want the 5 replayed", n)
 	}
 }

@@ -46,6 +46,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store) {
 		{"CompleteIdempotentForOwner", testCompleteIdempotent},
 		{"FailKeepsReason", testFail},
 		{"ReleaseLetsNextBeginStart", testRelease},
+		{"ForgetDeletesOnlyTheStatusAsked", testForget},
 		{"NotOwnerChangesNothing", testNotOwner},
 		{"ConcurrentBeginsOneStarts", testConcurrent},
 		{"KeysAreIndependent", testKeys},
@@ -205,6 +206,63 @@ func testRelease(t *testing.T, s idem.Store) {
 	notOwner(t, "Release of an absent record", s.Release(ctx, key(t), "a"))
 }
 
+func forget(t *testing.T, s idem.Store, k string, st idem.Status) bool {
+	t.Helper()
+	ok, err := s.Forget(context.Background(), k, st)
+	if err != nil {
+		t.Fatalf("Forget(%q, %v): %v", k, st, err)
+	}
+	return ok
+}
+
+func testForget(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	// A failed record: forgotten only as failed, and once.
+	k := key(t)
+	want(t, begin(t, s, k, "a", leaseLong), idem.StatusStarted, "a")
+	ok(t, "Fail", s.Fail(ctx, k, "a", "card declined"))
+	if forget(t, s, k, idem.StatusCompleted) {
+		t.Fatal("Forget(completed) deleted a failed record")
+	}
+	want(t, begin(t, s, k, "b", leaseLong), idem.StatusFailed, "a")
+	if !forget(t, s, k, idem.StatusFailed) {
+		t.Fatal("Forget(failed) of a failed record = false")
+	}
+	if forget(t, s, k, idem.StatusFailed) {
+		t.Fatal("second Forget(failed) = true, want false: the record is gone")
+	}
+	notOwner(t, "Fail by the owner of the forgotten record", s.Fail(ctx, k, "a", "again"))
+	want(t, begin(t, s, k, "b", leaseLong), idem.StatusStarted, "b")
+	ok(t, "Complete after Forget", s.Complete(ctx, k, "b", []byte("ok")))
+
+	// A completed record: forgotten only as completed.
+	k2 := key(t)
+	want(t, begin(t, s, k2, "a", leaseLong), idem.StatusStarted, "a")
+	ok(t, "Complete", s.Complete(ctx, k2, "a", []byte("r")))
+	if forget(t, s, k2, idem.StatusFailed) {
+		t.Fatal("Forget(failed) deleted a completed record")
+	}
+	want(t, begin(t, s, k2, "b", leaseLong), idem.StatusCompleted, "a")
+	if !forget(t, s, k2, idem.StatusCompleted) {
+		t.Fatal("Forget(completed) of a completed record = false")
+	}
+	want(t, begin(t, s, k2, "b", leaseLong), idem.StatusStarted, "b")
+
+	// A processing record is never forgotten.
+	k3 := key(t)
+	want(t, begin(t, s, k3, "a", leaseLong), idem.StatusStarted, "a")
+	if forget(t, s, k3, idem.StatusFailed) || forget(t, s, k3, idem.StatusCompleted) {
+		t.Fatal("Forget deleted a processing record")
+	}
+	want(t, begin(t, s, k3, "b", leaseLong), idem.StatusInProgress, "a")
+	ok(t, "owner's Complete after the refused Forgets", s.Complete(ctx, k3, "a", nil))
+
+	// No record: nothing to forget.
+	if forget(t, s, key(t), idem.StatusFailed) {
+		t.Fatal("Forget of an absent key = true")
+	}
+}
+
 func testNotOwner(t *testing.T, s idem.Store) {
 	ctx, k := context.Background(), key(t)
 	notOwner(t, "Complete without Begin", s.Complete(ctx, k, "a", nil))
@@ -284,5 +342,13 @@ func testInvalid(t *testing.T, s idem.Store) {
 	}
 	if _, err := s.Begin(ctx, key(t), "a", 0); err == nil {
 		t.Error("Begin with a zero lease: nil error")
+	}
+	if _, err := s.Forget(ctx, "", idem.StatusFailed); !errors.Is(err, idem.ErrInvalid) {
+		t.Errorf("Forget with an empty key: %v, want idem.ErrInvalid", err)
+	}
+	for _, st := range []idem.Status{idem.StatusStarted, idem.StatusInProgress, idem.Status(42)} {
+		if _, err := s.Forget(ctx, key(t), st); !errors.Is(err, idem.ErrInvalid) {
+			t.Errorf("Forget(%v): %v, want idem.ErrInvalid", st, err)
+		}
 	}
 }
