@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pelicanqueue/pelican/internal/keyslot"
@@ -134,6 +135,18 @@ type Config struct {
 	// restarted without persistence) is recreated from "0". Defaults to
 	// [DefaultStartID].
 	StartID string
+	// StartTimeout bounds how long Run waits at start for Redis to answer
+	// (to create the group). While Redis does not answer (not started yet,
+	// restarting, loading its data, failing over), Run retries with the
+	// backoff it uses during an outage (50ms doubling to 2s, jittered) and
+	// logs the error at most once per 10s; cancelling its context or calling
+	// Shutdown ends the wait at once, and Run returns nil. When StartTimeout
+	// passes, Run returns the last error. Negative: fail fast, Run returns
+	// the first error. Errors that waiting cannot fix end the wait at once
+	// whatever this says: the replies WRONGTYPE (the stream key holds
+	// another type), NOAUTH, WRONGPASS, NOPERM and "unknown command", and a
+	// closed client. Defaults to 0: no limit.
+	StartTimeout time.Duration
 	// Stream is the stream to consume. Required.
 	Stream string
 	// SweepInterval is how often this consumer looks for jobs idle longer
@@ -229,6 +242,9 @@ func (c Config) resolve() (resolved, error) {
 	if c.StartID == "" {
 		c.StartID = DefaultStartID
 	}
+	if !validStartID(c.StartID) {
+		return bad(`Config.StartID (%q) must be "$" or a stream entry ID such as "0" or "1700000000000-0"`, c.StartID)
+	}
 	if c.RetryBackoff == nil {
 		c.RetryBackoff = DefaultBackoff
 	}
@@ -260,4 +276,22 @@ func (c Config) resolve() (resolved, error) {
 		return bad("Config.Block (%v) must be less than Config.VisibilityTimeout (%v)", c.Block, c.VisibilityTimeout)
 	}
 	return resolved{Config: c, keys: keys}, nil
+}
+
+// validStartID reports whether id is an ID that XGROUP CREATE accepts: "$",
+// "<ms>" or "<ms>-<seq>".
+func validStartID(id string) bool {
+	if id == "$" {
+		return true
+	}
+	ms, seq, hasSeq := strings.Cut(id, "-")
+	if _, err := strconv.ParseUint(ms, 10, 64); err != nil {
+		return false
+	}
+	if hasSeq {
+		if _, err := strconv.ParseUint(seq, 10, 64); err != nil {
+			return false
+		}
+	}
+	return true
 }

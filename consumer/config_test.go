@@ -91,6 +91,10 @@ func TestConsumer_Run_InvalidConfig(t *testing.T) {
 			`consumer: Config.DeadLetterStream ("{other}:dlq") must hash to the cluster slot of Config.Stream`},
 		{"DeadLetterNoTag", with(func(c *consumer.Config) { c.Stream, c.DeadLetterStream = "orders", "orders:dlq" }),
 			`consumer: Config.DeadLetterStream ("orders:dlq") must hash`},
+		{"StartIDNotAnID", with(func(c *consumer.Config) { c.StartID = "abc" }),
+			`consumer: Config.StartID ("abc") must be "$" or a stream entry ID`},
+		{"StartIDNoSeq", with(func(c *consumer.Config) { c.StartID = "5-" }), `consumer: Config.StartID ("5-") must be`},
+		{"StartIDMinus", with(func(c *consumer.Config) { c.StartID = "-" }), `consumer: Config.StartID ("-") must be`},
 		{"DeadLetterIsStream", with(func(c *consumer.Config) { c.DeadLetterStream = c.Stream }),
 			"consumer: Config.DeadLetterStream (\"{q}:jobs\") must differ from Config.Stream"},
 	}
@@ -227,6 +231,11 @@ func TestConsumer_Run_Twice(t *testing.T) {
 		b.rdb.AddHook(hook)
 		c := consumer.New(b.rdb, b.cfg).Handle(noop)
 		r := start(t, c)
+		// Started, so that no attempt to create the group is under way.
+		waitFor(t, 5*time.Second, "the group", func() bool {
+			g, err := b.rdb.XInfoGroups(context.Background(), b.cfg.Stream).Result()
+			return err == nil && len(g) == 1
+		})
 		if err := r.stop(t); err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}

@@ -122,7 +122,20 @@ func (c *Consumer) Handle(h Handler) *Consumer {
 // another consumer. Run returns nil after a clean drain, an error naming the
 // abandoned jobs when handlers ignored their cancelled contexts, and an
 // error naming the field when the configuration is invalid (before any
-// Redis command). A Consumer runs once.
+// Redis command).
+//
+// Run starts by creating the group. If Redis does not answer, Run waits for
+// it (a service may start before its Redis), retrying with backoff until
+// Redis answers, ctx is cancelled or Shutdown is called (Run then returns
+// nil), or [Config.StartTimeout] passes; it returns at once an error that
+// waiting cannot fix, such as WRONGTYPE or NOPERM.
+//
+// A Consumer runs once: a later Run returns an error, even after the first
+// has returned, because handlers abandoned at shutdown may still be running
+// on the consumer's state, and a Shutdown called before Run applies to the
+// one Run. Build another Consumer with [New] to run again. A Run refused
+// before it started (invalid configuration, no handler or client) does not
+// count.
 func (c *Consumer) Run(ctx context.Context) (err error) {
 	r, err := c.cfg.resolve()
 	if err != nil {
@@ -135,7 +148,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		return errors.New("consumer: nil Redis client")
 	}
 	if !c.started.CompareAndSwap(false, true) {
-		return errors.New("consumer: Run called twice")
+		return errors.New("consumer: Run called twice: a Consumer runs once; build another with New")
 	}
 	defer func() {
 		c.runErr = err
@@ -155,10 +168,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.inflight = make(map[string]*task)
 	c.errLog = rateLog{log: r.Logger, every: 10 * time.Second}
 
-	if err := c.createGroup(ctx, r.StartID); err != nil {
+	if stopped, err := c.startup(ctx); stopped || err != nil {
 		return err
 	}
-	c.checkEviction(ctx)
 
 	work, stopWork := context.WithCancel(c.base)
 	defer stopWork()
@@ -210,8 +222,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 // running handlers until ctx is done, then cancels their contexts with cause
 // [ErrShutdown]. It returns when Run has returned, with Run's error, or with
 // ctx's error if Run has not returned shortly after the deadline. Called
-// before Run has started, it returns nil at once and Run, when called, stops
-// as soon as it has started.
+// while Run waits for Redis at start, it ends the wait at once and Run
+// returns nil. Called before Run has started, it returns nil at once and
+// Run, when called, stops as soon as it has started.
 func (c *Consumer) Shutdown(ctx context.Context) error {
 	select {
 	case c.stopReq <- ctx:

@@ -67,15 +67,20 @@ const (
 
 func (b *backoff) reset() { b.n = 0 }
 
-// wait sleeps for the next delay and reports whether ctx is still live.
-func (b *backoff) wait(ctx context.Context) bool {
+// next returns the next delay: backoffBase doubled per call up to
+// backoffCap, with equal jitter.
+func (b *backoff) next() time.Duration {
 	d := backoffCap
 	if b.n < 6 {
 		d = min(backoffBase<<b.n, backoffCap)
 	}
 	b.n++
-	d = d/2 + rand.N(d/2+1)
-	t := time.NewTimer(d)
+	return d/2 + rand.N(d/2+1)
+}
+
+// wait sleeps for the next delay and reports whether ctx is still live.
+func (b *backoff) wait(ctx context.Context) bool {
+	t := time.NewTimer(b.next())
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
