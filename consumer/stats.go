@@ -26,7 +26,9 @@ type Stats struct {
 	// Stale is the number of settlements refused because this consumer no
 	// longer owned the entry: each is a job that another consumer runs again.
 	Stale uint64
-	// LeaseLost is the number of running jobs whose lease was lost.
+	// LeaseLost is the number of jobs whose lease was lost: handlers
+	// cancelled with ErrLeaseLost, and jobs not started because they were
+	// delivered after their lease had ended (a reply held back).
 	LeaseLost uint64
 	// ReadErrors is the number of failed reads from Redis.
 	ReadErrors uint64
