@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(main())
 	}
-	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.")
+	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.", "faultproxy.(*Proxy)")
 }
 
 // subprocessModes are other subprocess programs of the test binary, run when
