@@ -78,8 +78,8 @@ type Config struct {
 	// raw entry fields are never logged. error_kind is one of: "" (no error),
 	// "retryable", "timeout" (the handler's error is or follows a context
 	// deadline, such as MaxRuntime's), "snooze", "shutdown" (given back at
-	// shutdown), "lease_lost" (reclaimed by another consumer, or no longer
-	// owned when settled), "lost" (deleted or trimmed from the stream), or a
+	// shutdown), "lease_lost" (reclaimed by another consumer, lease ended
+	// without a heartbeat, or no longer owned when settled), "lost" (deleted or trimmed from the stream), or a
 	// dead-letter reason: "malformed", "unknown_type", "max_deliveries",
 	// "panic", "exhausted", "permanent" (also for a reason given to [Dead],
 	// which the record's dead_reason attribute has). Defaults to
