@@ -22,6 +22,9 @@ import (
 // so that it has stopped before another consumer can start the job, even
 // when Redis cannot be reached to learn that it did.
 //
+// With the heartbeat disabled a lease is never renewed: it ends
+// VisibilityTimeout after the delivery, and the handler is cancelled then.
+//
 // Two goroutines keep the leases: the heartbeat extends them (it may block
 // on Redis), and the watcher, which does no I/O, cancels the handlers whose
 // lease has ended, at the end of each lease, or at once after the process
@@ -70,6 +73,7 @@ func (c *Consumer) leaseEnd(t *task) time.Time { return t.lease.renewed.Add(c.le
 // Call it with Consumer.mu held.
 func (t *task) holdsLease() bool { return !t.finished && !t.orphaned && !t.lease.lost }
 
+// newLeases returns the lease keeping of a consumer that logs to log.
 func newLeases(log *slog.Logger) leases {
 	return leases{kick: make(chan struct{}, 1), log: rateLog{log: log, every: 10 * time.Second}}
 }
