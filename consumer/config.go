@@ -31,7 +31,9 @@ const (
 type Config struct {
 	// Block is how long one XREADGROUP waits for new entries. Shutdown waits
 	// for a blocked read to return unless the client has
-	// ContextTimeoutEnabled, so keep it short. Defaults to [DefaultBlock].
+	// ContextTimeoutEnabled, and the lease of a job delivered by a blocked
+	// read counts from when the read was sent, so keep it short. Defaults to
+	// [DefaultBlock].
 	Block time.Duration
 	// Concurrency is the number of jobs that run at once. Defaults to
 	// [DefaultConcurrency].
@@ -53,11 +55,14 @@ type Config struct {
 	// Group is the consumer group. Required. It is created, with MKSTREAM,
 	// when missing.
 	Group string
-	// HeartbeatInterval is how often the visibility of running jobs is
-	// extended. It must be less than half of VisibilityTimeout. Negative
-	// disables the heartbeat: a job running longer than VisibilityTimeout is
-	// then taken over and run again by another consumer. Defaults to
-	// VisibilityTimeout/3.
+	// HeartbeatInterval is how often the lease of a running job is extended
+	// (every half to whole interval). It must be less than half of
+	// VisibilityTimeout. Negative disables the heartbeat: every lease then
+	// ends VisibilityTimeout after the job's delivery, and its handler's
+	// context is cancelled (cause [ErrLeaseLost]) a tenth of it before, so a
+	// job must finish within VisibilityTimeout less a tenth; one that does
+	// not is run again by the consumer that takes it over, each run counted
+	// as a crash, until MaxCrashes. Defaults to VisibilityTimeout/3.
 	HeartbeatInterval time.Duration
 	// IdleConsumerTimeout: other consumers of the group idle this long with
 	// no pending entries are deleted. Negative disables. Defaults to
@@ -84,9 +89,10 @@ type Config struct {
 	// raw entry fields are never logged. error_kind is one of: "" (no error),
 	// "retryable", "timeout" (the handler's error is or follows a context
 	// deadline, such as MaxRuntime's), "snooze", "shutdown" (given back at
-	// shutdown), "lease_lost" (reclaimed by another consumer, or no longer
-	// owned when settled), "lost" (deleted or trimmed from the stream), or a
-	// dead-letter reason: "malformed", "unknown_type", "crashed",
+	// shutdown), "lease_lost" (reclaimed by another consumer, lease ended
+	// without a heartbeat, or no longer owned when settled), "lost" (deleted
+	// or trimmed from the stream), or a dead-letter reason: "malformed",
+	// "unknown_type", "crashed",
 	// "panic", "exhausted", "permanent" (also for a reason given to [Dead],
 	// which the record's dead_reason attribute has). Defaults to
 	// slog.Default().
@@ -155,8 +161,13 @@ type Config struct {
 	// VisibilityTimeout/2.
 	SweepInterval time.Duration
 	// VisibilityTimeout is how long a delivered job may go without a
-	// heartbeat before another consumer takes it over. Defaults to
-	// [DefaultVisibilityTimeout].
+	// heartbeat before another consumer takes it over: the job's lease. A
+	// lease is counted from when the read that delivered the job, or the
+	// last successful heartbeat, was sent. A handler whose lease was not
+	// extended for VisibilityTimeout less a tenth (Redis unreachable, the
+	// process stalled) has its context cancelled with cause [ErrLeaseLost]
+	// then, before another consumer can start the job, and is not settled.
+	// Defaults to [DefaultVisibilityTimeout].
 	VisibilityTimeout time.Duration
 }
 

@@ -44,6 +44,7 @@ type Consumer struct {
 	ackCh   chan ackItem
 	ackDone chan struct{}
 	errLog  rateLog
+	leases  leases
 	stats   counters
 
 	mu       sync.Mutex
@@ -60,10 +61,10 @@ type Consumer struct {
 
 // task is one running job.
 type task struct {
-	id      string
-	job     *stream.Job
-	cancel  context.CancelCauseFunc
-	touched time.Time // last delivery or heartbeat; guarded by Consumer.mu
+	id     string
+	job    *stream.Job
+	cancel context.CancelCauseFunc
+	lease  lease // guarded by Consumer.mu
 	// finished: the handler has returned and the job is being settled; no
 	// more heartbeats. Guarded by Consumer.mu.
 	finished bool
@@ -88,6 +89,7 @@ type delivery struct {
 	id         string
 	fields     map[string]any
 	deliveries int
+	at         time.Time // when the read that delivered it was sent
 }
 
 // New returns a Consumer of rdb configured by cfg. The configuration is
@@ -167,6 +169,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.ackDone = make(chan struct{})
 	c.inflight = make(map[string]*task)
 	c.errLog = rateLog{log: r.Logger, every: 10 * time.Second}
+	c.leases = newLeases(r.Logger)
 
 	if stopped, err := c.startup(ctx); stopped || err != nil {
 		return err
@@ -186,9 +189,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	}
 	beat, stopBeat := context.WithCancel(c.base)
 	defer stopBeat()
-	if r.HeartbeatInterval > 0 {
-		side.Go(func() { c.every(beat, r.HeartbeatInterval, c.heartbeat) })
-	}
+	c.startLeases(beat, &side)
 	stopAcks := make(chan struct{})
 	side.Go(func() { c.ackLoop(stopAcks) })
 	var runner sync.WaitGroup
@@ -418,6 +419,7 @@ func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
 		}
 		// Entries re-read here were delivered before: all are suspects,
 		// queued without taking a slot, so no gate is needed.
+		at := time.Now()
 		entries, deleted, err := c.claimer.ReadOwn(ctx, after, n)
 		if err != nil {
 			c.release(n)
@@ -433,7 +435,7 @@ func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
 		for _, id := range deleted {
 			after = laterID(after, id)
 		}
-		c.dispatchOwned(n, entries)
+		c.dispatchOwned(n, entries, at)
 		for _, e := range entries {
 			after = laterID(after, e.ID)
 		}
@@ -462,6 +464,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 		*nextSweep = time.Now().Add(c.r.SweepInterval)
 		return true
 	}
+	at := time.Now()
 	res, err := reader.read(ctx, &redis.XReadGroupArgs{
 		Group:    c.r.Group,
 		Consumer: c.r.Consumer,
@@ -493,7 +496,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 		return false
 	}
 	for _, m := range msgs {
-		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1})
+		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1, at: at})
 	}
 	return true
 }
@@ -501,12 +504,12 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 // dispatchOwned dispatches entries for which reserved slots are held,
 // waiting for more slots if there are more entries than that (miniredis
 // ignores COUNT when reading history).
-func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry) {
+func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Time) {
 	for i, e := range entries {
 		if i >= reserved {
 			<-c.slots // wait until a slot frees up
 		}
-		c.dispatch(delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries})
+		c.dispatch(delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at})
 	}
 	if len(entries) < reserved {
 		c.release(reserved - len(entries))
@@ -525,14 +528,19 @@ func (c *Consumer) readError(ctx context.Context, err error, b *backoff) {
 // sweep takes over jobs idle longer than the visibility timeout, as many as
 // there are free slots.
 func (c *Consumer) sweep(ctx context.Context) {
-	err := c.claimer.Sweep(ctx, c.r.VisibilityTimeout, c.tryAcquire, func(reserved int, claimed []claim.Entry, deleted []string) {
+	var at time.Time // Sweep calls take just before each XAUTOCLAIM
+	take := func(n int) int {
+		at = time.Now()
+		return c.tryAcquire(n)
+	}
+	err := c.claimer.Sweep(ctx, c.r.VisibilityTimeout, take, func(reserved int, claimed []claim.Entry, deleted []string) {
 		c.reportLost(deleted, "reclaiming")
 		c.stats.reclaimed.Add(uint64(len(claimed)))
 		if len(claimed) > 0 {
 			c.r.Logger.Info("reclaimed jobs idle past the visibility timeout", "stream", c.r.Stream, "group", c.r.Group,
 				"consumer", c.r.Consumer, "count", len(claimed))
 		}
-		c.dispatchOwned(reserved, claimed)
+		c.dispatchOwned(reserved, claimed, at)
 	})
 	if err != nil {
 		c.recoverGroup(ctx, err)
@@ -559,13 +567,18 @@ func (c *Consumer) reportLost(ids []string, when string) {
 // before is a suspect: it gives its slot back and waits for the suspect
 // runner (see suspect.go).
 func (c *Consumer) dispatch(d delivery) {
-	t := &task{id: d.id, touched: time.Now(), done: make(chan struct{}), suspect: d.deliveries > 1}
+	if c.lateDelivery(d) {
+		c.release(1)
+		return
+	}
+	t := &task{id: d.id, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: d.deliveries > 1}
 	ctx, cancel := context.WithCancelCause(context.WithValue(c.base, jobKey{}, t))
 	t.cancel = cancel
 	c.mu.Lock()
 	_, running := c.inflight[d.id]
 	if !running {
 		c.inflight[d.id] = t
+		c.trackLease(t)
 	}
 	c.mu.Unlock()
 	if running {
@@ -687,90 +700,6 @@ func (c *Consumer) call(ctx context.Context, job *stream.Job) (err error) {
 		}
 	}()
 	return c.chain.Process(ctx, job)
-}
-
-// heartbeat extends the visibility of jobs running for longer than half a
-// heartbeat interval, and cancels those whose lease was lost.
-func (c *Consumer) heartbeat(ctx context.Context) {
-	now := time.Now()
-	var ids []string
-	c.mu.Lock()
-	for id, t := range c.inflight {
-		if !t.finished && !t.orphaned && now.Sub(t.touched) >= c.r.HeartbeatInterval/2 {
-			ids = append(ids, id)
-		}
-	}
-	c.mu.Unlock()
-	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), 512)]
-		ids = ids[len(chunk):]
-		sctx, cancel := context.WithTimeout(ctx, c.r.HeartbeatInterval)
-		lost, err := c.claimer.Extend(sctx, chunk...)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				c.errLog.error("extending the visibility of running jobs failed", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
-			}
-			return
-		}
-		gone := make(map[string]bool, len(lost))
-		for _, id := range lost {
-			gone[id] = true
-		}
-		deleted := c.deletedFromStream(ctx, lost)
-		var orphans []string
-		c.mu.Lock()
-		for _, id := range chunk {
-			t := c.inflight[id]
-			if t == nil || t.finished {
-				continue
-			}
-			switch {
-			case deleted[id]:
-				// Deleted or trimmed from the stream while running: no
-				// other consumer has it or can ever run it (its body is
-				// gone), and XCLAIM has just dropped it from the PEL. The
-				// handler goes on, so its work is not thrown away; the
-				// entry is reported lost, since nothing is left to settle.
-				t.orphaned = true
-				orphans = append(orphans, id)
-			case gone[id]:
-				c.stats.leaseLost.Add(1)
-				t.cancel(ErrLeaseLost)
-			default:
-				t.touched = now
-			}
-		}
-		c.mu.Unlock()
-		c.reportLost(orphans, "extending the visibility of running jobs")
-	}
-}
-
-// deletedFromStream returns which of ids are no longer entries of the
-// stream. On an error it returns none.
-func (c *Consumer) deletedFromStream(ctx context.Context, ids []string) map[string]bool {
-	if len(ids) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.r.HeartbeatInterval)
-	defer cancel()
-	cmds := make([]*redis.XMessageSliceCmd, len(ids))
-	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, id := range ids {
-			cmds[i] = p.XRangeN(ctx, c.r.Stream, id, id, 1)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil
-	}
-	deleted := make(map[string]bool)
-	for i, cmd := range cmds {
-		if len(cmd.Val()) == 0 {
-			deleted[ids[i]] = true
-		}
-	}
-	return deleted
 }
 
 func (c *Consumer) promote(ctx context.Context) {

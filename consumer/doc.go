@@ -21,6 +21,13 @@
 // died after the side effect and before the acknowledgement runs again, so
 // handlers must be idempotent.
 //
+// A running job holds a lease on its entry: the heartbeat renews it, and a
+// handler whose lease could not be renewed in time (Redis unreachable, the
+// process stalled, the heartbeat disabled) has its context cancelled with
+// cause [ErrLeaseLost] a tenth of the visibility timeout before another
+// consumer could take the job over; such a job is not settled here. See
+// [Config.VisibilityTimeout].
+//
 // Handlers return typed outcomes: nil (done), an error made by [Retry],
 // [Snooze] or [Dead], or any other error (retried with [Config.RetryBackoff]
 // until [Config.MaxAttempts]). A panic is recovered and the job is

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,7 +33,9 @@ func TestConsumer_Heartbeat(t *testing.T) {
 	t.Run("KeepsLongJobFromOtherConsumers", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		const visibility = 300 * time.Millisecond
+		// Long enough for a heartbeat's round trip on a loaded machine: a
+		// lease not renewed in time cancels the handler.
+		const visibility = 2 * time.Second
 		b.cfg.VisibilityTimeout = visibility
 		b.cfg.HeartbeatInterval = visibility / 3
 		b.cfg.SweepInterval = 20 * time.Millisecond
@@ -64,9 +67,9 @@ func TestConsumer_Heartbeat(t *testing.T) {
 		}))
 		start(t, c2)
 
-		// The job runs five visibility timeouts, all the while owned by c1
+		// The job runs two visibility timeouts, all the while owned by c1
 		// and delivered once.
-		for end := time.Now().Add(5 * visibility); time.Now().Before(end); {
+		for end := time.Now().Add(2 * visibility); time.Now().Before(end); {
 			p := b.pendingEntry(t, id)
 			if p.Consumer != "c1" || p.RetryCount != 1 {
 				t.Fatalf("while c1 runs the job, XPENDING says owner %s, deliveries %d; want c1, 1", p.Consumer, p.RetryCount)
@@ -93,39 +96,68 @@ func TestConsumer_Heartbeat(t *testing.T) {
 		}
 	})
 
-	t.Run("NegativeIntervalDisablesHeartbeat", func(t *testing.T) {
+	t.Run("NegativeIntervalEndsLeaseAtVisibilityTimeout", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		b.cfg.VisibilityTimeout = 300 * time.Millisecond
+		const visibility = time.Second
+		b.cfg.VisibilityTimeout = visibility
 		b.cfg.HeartbeatInterval = -1
 		// c1 sweeps only when it starts, so that its own sweep does not
 		// reclaim the job it is running before c2 can.
 		b.cfg.SweepInterval = time.Minute
 		id, _ := b.enqueue(t, "long", 1)
 		started := make(chan struct{}, 1)
-		release := make(chan struct{})
+		var observed atomic.Bool // c1's handler has seen its context cancelled
+		type cancellation struct {
+			cause error
+			after time.Duration // since c1 started
+		}
+		cancelled := make(chan cancellation, 1)
+		// c1 starts after the enqueue, so its lease starts after t0.
+		t0 := time.Now()
 		c1 := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 			started <- struct{}{}
-			<-release
-			return nil
+			<-ctx.Done()
+			observed.Store(true)
+			cancelled <- cancellation{context.Cause(ctx), time.Since(t0)}
+			return ctx.Err()
 		}))
 		start(t, c1)
-		t.Cleanup(func() { close(release) })
 		recv(t, started, 5*time.Second, "c1 to start the job")
 
 		cfg2 := b.cfg
 		cfg2.Consumer = "c2"
 		cfg2.SweepInterval = 20 * time.Millisecond
-		got := make(chan stream.Job, 1)
+		type run struct {
+			job          stream.Job
+			afterC1Ended bool
+		}
+		got := make(chan run, 1)
 		c2 := consumer.New(b.rdb, cfg2).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
-			got <- *j
+			got <- run{*j, observed.Load()}
 			return nil
 		}))
 		start(t, c2)
-		// Without heartbeats the running job looks abandoned after the
-		// visibility timeout, as documented.
-		if j := recv(t, got, 5*time.Second, "c2 to take over the job"); j.EntryID != id || j.Deliveries != 2 {
-			t.Errorf("c2 ran entry %s (deliveries %d), want %s (2)", j.EntryID, j.Deliveries, id)
+		// Without heartbeats the lease ends VisibilityTimeout after the
+		// delivery: c1's handler is cancelled then (a tenth before), not
+		// earlier, and before c2 takes the job over.
+		c := recv(t, cancelled, 5*time.Second, "c1's handler to be cancelled")
+		if !errors.Is(c.cause, consumer.ErrLeaseLost) {
+			t.Errorf("context.Cause in c1's handler = %v, want ErrLeaseLost", c.cause)
+		}
+		if min := visibility - visibility/10; c.after < min {
+			t.Errorf("c1's handler was cancelled %v after c1 started, before its lease of %v could end", c.after, min)
+		}
+		r := recv(t, got, 5*time.Second, "c2 to take over the job")
+		if r.job.EntryID != id || r.job.Deliveries != 2 {
+			t.Errorf("c2 ran entry %s (deliveries %d), want %s (2)", r.job.EntryID, r.job.Deliveries, id)
+		}
+		if !r.afterC1Ended {
+			t.Errorf("c2 started the job before c1's handler had seen its lease end")
+		}
+		waitFor(t, 5*time.Second, "c2 to acknowledge the job", func() bool { return c2.Stats().Acked == 1 })
+		if s := c1.Stats(); s.LeaseLost != 1 || s.Acked+s.Retried+s.Stale != 0 {
+			t.Errorf("c1.Stats() = %+v; want LeaseLost 1 and no settlement tried", s)
 		}
 	})
 
@@ -137,25 +169,31 @@ func TestConsumer_Heartbeat(t *testing.T) {
 		b.cfg.HeartbeatInterval = -1 // c1's own sweep finds its running job idle
 		b.cfg.SweepInterval = 20 * time.Millisecond
 		id, _ := b.enqueue(t, "long", 1)
-		var runs atomic.Int32
+		var running, most, runs atomic.Int32
 		started := make(chan struct{}, 10)
 		release := make(chan struct{})
 		c := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 			runs.Add(1)
+			n := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
 			started <- struct{}{}
-			<-release
+			<-release // ignores its context, cancelled when the lease ends
 			return nil
 		}))
 		start(t, c)
 		recv(t, started, 5*time.Second, "the job to start")
 		waitFor(t, 5*time.Second, "c1 to reclaim its own running job", func() bool { return c.Stats().Reclaimed >= 2 })
 		close(release)
+		// The first run lost its lease, so it is not settled: the job runs
+		// again, alone, and is acknowledged.
 		waitFor(t, 5*time.Second, "the job acknowledged", func() bool { return c.Stats().Acked >= 1 })
-		if n := runs.Load(); n != 1 {
+		if n := most.Load(); n != 1 {
 			t.Errorf("c1 ran entry %s %d times at once, want 1", id, n)
 		}
-		if s := c.Stats(); s.Acked != 1 || s.Stale != 0 {
-			t.Errorf("Stats() = %+v; want the one run acknowledged, nothing stale", s)
+		if s := c.Stats(); s.Acked != 1 || s.Stale != 0 || s.LeaseLost == 0 {
+			t.Errorf("Stats() = %+v (runs %d); want the first run's lease lost, one run acknowledged, nothing stale", s, runs.Load())
 		}
 	})
 
@@ -245,6 +283,48 @@ func TestConsumer_LeaseLost(t *testing.T) {
 		}
 		if n := len(b.entries(t, b.cfg.Stream)); n != 1 || b.delayed(t) != 0 {
 			t.Errorf("stream has %d entries, delayed set %d; want no retry scheduled", n, b.delayed(t))
+		}
+	})
+
+	t.Run("RedisUnreachableCancelsHandler", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		logger, logs := newCapture(slog.LevelInfo)
+		b.cfg.Logger = logger
+		b.cfg.VisibilityTimeout = time.Second
+		b.cfg.HeartbeatInterval = 100 * time.Millisecond
+		b.enqueue(t, "t", 1)
+		started := make(chan struct{}, 1)
+		causes := make(chan error, 1)
+		c := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+			started <- struct{}{}
+			select {
+			case <-ctx.Done():
+				causes <- context.Cause(ctx)
+			case <-time.After(20 * time.Second):
+				causes <- nil
+			}
+			return ctx.Err()
+		}))
+		r := start(t, c)
+		recv(t, started, 5*time.Second, "the job to start")
+		b.m.Close() // Redis goes away; nobody can learn who owns the job
+		cause := recv(t, causes, 15*time.Second, "the handler to return")
+		if !errors.Is(cause, consumer.ErrLeaseLost) {
+			t.Fatalf("context.Cause in the handler = %v, want ErrLeaseLost", cause)
+		}
+		// Both failures are logged: the heartbeat's own rate limit is not
+		// used up by the read loop's errors.
+		logs.wait(t, "reading from Redis failed; backing off")
+		rec := logs.wait(t, "heartbeat failed: could not extend the leases of running jobs; a handler is cancelled when its lease ends")
+		if rec.level != slog.LevelError || rec.attrs["error"].String() == "" || rec.attrs["jobs"].Int64() != 1 {
+			t.Errorf("heartbeat failure logged at %v with %v; want Error with the error and jobs=1", rec.level, rec.attrs)
+		}
+		if err := r.stop(t); err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		if s := c.Stats(); s.LeaseLost != 1 || s.Acked+s.Retried+s.Stale != 0 {
+			t.Errorf("Stats() = %+v; want LeaseLost 1 and no settlement", s)
 		}
 	})
 

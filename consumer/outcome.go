@@ -45,9 +45,14 @@ func (e *exhaustedError) Unwrap() error { return e.err }
 
 // Causes with which the consumer cancels a handler's context.
 var (
-	// ErrLeaseLost: another consumer reclaimed the job (this one stalled past
-	// the visibility timeout). The job is not settled by this consumer.
-	ErrLeaseLost = errors.New("consumer: lease lost: the job was reclaimed by another consumer")
+	// ErrLeaseLost: the job's lease ended. Either the heartbeat found the
+	// job reclaimed by another consumer, or the lease was not extended for
+	// [Config.VisibilityTimeout] less a tenth (Redis unreachable, the process
+	// stalled, or the heartbeat disabled), so that another consumer may take
+	// the job over; the handler's context is then cancelled before that can
+	// happen. The cause wraps ErrLeaseLost with which of the two it was. The
+	// job is not settled by this consumer.
+	ErrLeaseLost = errors.New("consumer: lease lost")
 	// ErrShutdown: the consumer is shutting down and its drain deadline has
 	// passed. A job whose handler then returns an error stays pending, for
 	// another consumer.

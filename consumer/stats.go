@@ -33,7 +33,9 @@ type Stats struct {
 	// longer owned the entry: another consumer had reclaimed it (and runs
 	// it again, or has already finished it).
 	Stale uint64
-	// LeaseLost is the number of running jobs whose lease was lost.
+	// LeaseLost is the number of jobs whose lease was lost: handlers
+	// cancelled with ErrLeaseLost, and jobs not started because they were
+	// delivered after their lease had ended (a reply held back).
 	LeaseLost uint64
 	// ReadErrors is the number of failed reads from Redis.
 	ReadErrors uint64

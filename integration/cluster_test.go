@@ -876,5 +876,7 @@ func clusterMiddleware(t *testing.T, cc *redis.ClusterClient, name string) {
 	}
 	clusterMust(t, "idem Complete", store.Complete(ctx, "done", "owner-1", []byte("ok")))
 	clusterMust(t, "idem Release", store.Release(ctx, "released", "owner-1"))
-	cc.Del(ctx, tag+":idem:done")
+	if ok, err := store.Forget(ctx, "done", idem.StatusCompleted); err != nil || !ok {
+		t.Fatalf("idem Forget(done, completed) on the cluster = %v, %v; want true", ok, err)
+	}
 }

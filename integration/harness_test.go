@@ -27,8 +27,9 @@ import (
 // The worker subprocess: the test binary re-executed with PW_WORKER=1 runs
 // one consumer configured by PW_* variables, whose handler does what each
 // job's payload (a [behaviour]) says, including SIGKILLing its own process
-// at a chosen point. Every start and side effect is appended to a ledger
-// file, which outlives the process, so a test can count what ran where.
+// at a chosen point. Every start, side effect and observed cancellation is
+// appended to a ledger file, with the time, which outlives the process, so
+// a test can count what ran where, and when.
 
 func TestMain(m *testing.M) {
 	if os.Getenv("PW_WORKER") == "1" {
@@ -42,7 +43,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(main())
 	}
-	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.")
+	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.", "faultproxy.(*Proxy)")
 }
 
 // subprocessModes are other subprocess programs of the test binary, run when
@@ -255,7 +256,7 @@ func workerMain() int {
 		return 2
 	}
 	record := func(event string, job *stream.Job) {
-		fmt.Fprintf(ledger, "%s %s %s %s %d %d\n", event, job.ID, job.EntryID, me, job.Deliveries, job.Attempt)
+		fmt.Fprintf(ledger, "%s %s %s %s %d %d %d\n", event, job.ID, job.EntryID, me, job.Deliveries, job.Attempt, time.Now().UnixNano())
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: env("PW_ADDR"), MaxRetries: -1})
 	defer rdb.Close()
@@ -327,6 +328,7 @@ type ledgerEntry struct {
 	Consumer   string
 	Deliveries int
 	Attempt    int
+	At         time.Time // when the worker wrote it (the machine's clock)
 }
 
 // ledgerLines returns the lines of a ledger file that worker processes
@@ -349,9 +351,11 @@ func readLedger(t testing.TB, path string) []ledgerEntry {
 	var out []ledgerEntry
 	for _, line := range ledgerLines(t, path) {
 		var e ledgerEntry
-		if _, err := fmt.Sscanf(line, "%s %s %s %s %d %d", &e.Event, &e.JobID, &e.EntryID, &e.Consumer, &e.Deliveries, &e.Attempt); err != nil {
+		var at int64
+		if _, err := fmt.Sscanf(line, "%s %s %s %s %d %d %d", &e.Event, &e.JobID, &e.EntryID, &e.Consumer, &e.Deliveries, &e.Attempt, &at); err != nil {
 			continue // a line cut short by SIGKILL
 		}
+		e.At = time.Unix(0, at)
 		out = append(out, e)
 	}
 	return out

@@ -119,7 +119,7 @@ type IdempotencyConfig struct {
 //     ReasonPermanent for a verdict). So a dead-letter replay after a fix
 //     runs those jobs again. A panic that reaches this middleware (no Retry
 //     inside it) releases the record and panics on. A job the consumer
-//     dead-letters itself (max_deliveries: it killed its workers) never
+//     dead-letters itself (crashed: it killed its workers) never
 //     returns here; its processing record is freed by its lease.
 //
 // The next handler's error is returned unchanged.
