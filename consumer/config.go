@@ -124,6 +124,14 @@ type Config struct {
 	// PromoteInterval is how often due jobs move from the delayed set back to
 	// the stream. Defaults to [DefaultPromoteInterval].
 	PromoteInterval time.Duration
+	// RedactError, when set, rewrites the text of a job's error before
+	// Pelican stores it (dead_error, last_error, error_history, the Error
+	// of DeadLetter) or logs it, so that a handler error or panic value
+	// that quotes the payload ("invalid card %s") does not leak it:
+	// field redaction (middleware.DeadLetterConfig.Redact) cannot reach
+	// these texts. job is nil for an entry that did not decode. Texts are
+	// bounded to 4 KiB after it. Defaults to nil: texts as they are.
+	RedactError func(job *stream.Job, text string) string
 	// RetryBackoff returns the delay before the next attempt of a job whose
 	// handler returned a plain error after attempt earlier attempts.
 	// Defaults to [DefaultBackoff].

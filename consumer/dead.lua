@@ -8,11 +8,15 @@
 -- ARGV[5]  error text
 -- ARGV[6]  attempts made
 -- ARGV[7]  dead-letter stream bound (exact MAXLEN), 0 for none
--- ARGV[8]  n: the number of ARGV values that follow as field/value pairs to set
+-- ARGV[8]  "copy": copy the entry's fields from the stream; "record:<size>":
+--          record the fields given below instead (an oversize entry of size
+--          bytes, each value cut short by the consumer, so that it is not
+--          copied whole), with dead_truncated set to size
+-- ARGV[9]  n: the number of ARGV values that follow as field/value pairs to set
 --          in the copy (replacing the entry's own: redaction, the final error
 --          history; added when the entry has no such field)
--- ARGV[9..8+n] those pairs
--- ARGV[9+n..] the entry's fields as the consumer read them, sent only when an
+-- ARGV[10..9+n] those pairs
+-- ARGV[10+n..] the entry's fields: with "record", or with "copy" when an
 --          earlier call returned -2 (the entry is no longer in the stream)
 -- Returns  {dead-letter entry ID, entries trimmed from the dead-letter stream},
 --          -1 when this consumer does not own the entry (nothing written), or
@@ -20,32 +24,34 @@
 --          (nothing written: call again with the fields).
 -- The dead-letter entry holds the original entry's raw fields, copied here on
 -- the server from the stream (duplicates and binary values intact, the payload
--- never travels through the client again), at most 1000 of them (the rest are
--- counted in dead_dropped_fields), followed by dead_reason, dead_error, dead_at
+-- never travels through the client again), at most 1100 of them (stream.MaxFields,
+-- the format's own and a margin; the rest are counted in dead_dropped_fields), followed by dead_reason, dead_error, dead_at
 -- (Unix ms, Redis clock), dead_attempts, dead_consumer, dead_entry_id and
 -- dead_stream. Every check comes before the first write, which is the XACK, so
 -- the script settles while Redis is over maxmemory (see retry.lua).
-local maxFields = 1000
+local maxFields = 1100
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if #p ~= 1 or p[1][2] ~= ARGV[2] then return -1 end
-local n = tonumber(ARGV[8])
+local n = tonumber(ARGV[9])
 local set, order = {}, {}
-for i = 9, 8 + n, 2 do
+for i = 10, 9 + n, 2 do
   if set[ARGV[i]] == nil then order[#order + 1] = ARGV[i] end
   set[ARGV[i]] = ARGV[i + 1]
 end
 local src
-local e = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
+local e = {}
+if ARGV[8] == 'copy' then e = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3]) end
+local truncated = string.match(ARGV[8], '^record:(%d+)$')
 if #e == 1 then
   src = e[1][2]
-elseif #ARGV > 8 + n then
+elseif #ARGV > 9 + n then
   src = {}
-  for i = 9 + n, #ARGV do src[#src + 1] = ARGV[i] end
+  for i = 10 + n, #ARGV do src[#src + 1] = ARGV[i] end
 else
   return -2
 end
 local ours = {dead_reason = 1, dead_error = 1, dead_at = 1, dead_attempts = 1, dead_consumer = 1,
-              dead_entry_id = 1, dead_stream = 1, dead_dropped_fields = 1}
+              dead_entry_id = 1, dead_stream = 1, dead_dropped_fields = 1, dead_truncated = 1}
 local f, copied, dropped, done = {}, 0, 0, {}
 for i = 1, #src - 1, 2 do
   local name = src[i]
@@ -74,6 +80,10 @@ local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local meta = {'dead_reason', ARGV[4], 'dead_error', ARGV[5], 'dead_at', now, 'dead_attempts', ARGV[6],
               'dead_consumer', ARGV[2], 'dead_entry_id', ARGV[3], 'dead_stream', KEYS[1]}
+if truncated then
+  meta[#meta + 1] = 'dead_truncated'
+  meta[#meta + 1] = truncated
+end
 if dropped > 0 then
   meta[#meta + 1] = 'dead_dropped_fields'
   meta[#meta + 1] = tostring(dropped)

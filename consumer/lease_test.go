@@ -314,8 +314,12 @@ func TestConsumer_LeaseLost(t *testing.T) {
 			t.Fatalf("context.Cause in the handler = %v, want ErrLeaseLost", cause)
 		}
 		// Both failures are logged: the heartbeat's own rate limit is not
-		// used up by the read loop's errors.
-		logs.wait(t, "reading from Redis failed; backing off")
+		// used up by the other loops' errors (reading, sweeping, promoting:
+		// whichever fails first takes their shared limit).
+		waitFor(t, 5*time.Second, "a log record of the read loop's or the promoter's failure", func() bool {
+			return len(logs.withMsg("reading from Redis failed; backing off"))+len(logs.withMsg("sweeping for idle jobs failed"))+
+				len(logs.withMsg("moving due jobs from the delayed set failed")) > 0
+		})
 		rec := logs.wait(t, "heartbeat failed: could not extend the leases of running jobs; a handler is cancelled when its lease ends")
 		if rec.level != slog.LevelError || rec.attrs["error"].String() == "" || rec.attrs["jobs"].Int64() != 1 {
 			t.Errorf("heartbeat failure logged at %v with %v; want Error with the error and jobs=1", rec.level, rec.attrs)

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/pelicanqueue/pelican/stream"
@@ -258,7 +259,7 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 			c.settleDead(jobCtx, d.id, d.fields, ReasonExhausted, ExhaustedError(next.Attempt, maxAttempts, err), next.Attempt, job)
 			return
 		}
-		next.LastError, next.ErrorHistory = withError(job, errText(err))
+		next.LastError, next.ErrorHistory = withError(job, c.errorText(job, errText(err)))
 		if next.FirstFailedAt.IsZero() {
 			next.FirstFailedAt = time.Now()
 		}
@@ -289,7 +290,7 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 	ran := taskOf(jobCtx).handlerTime()
 	switch {
 	case serr != nil:
-		attrs := append(c.jobAttrs(d.id, job, ran, kind, ""), slog.String("job_error", truncate(errText(err))))
+		attrs := append(c.jobAttrs(d.id, job, ran, kind, ""), slog.String("job_error", c.errorText(job, errText(err))))
 		c.errLog.error("scheduling a retry failed; the job stays pending and will run again", serr, anys(attrs)...)
 	case res == int64(-1):
 		c.stats.stale.Add(1)
@@ -315,8 +316,9 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 // decode. jobCtx carries the dead-letter recorder a middleware may have set.
 func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[string]any, reason string, cause error, attempts int, job *stream.Job) {
 	msg := errText(cause)
+	stored := c.errorText(job, msg) // what dead_error holds
 	info := DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream, DeadLetterStream: c.r.DeadLetterStream,
-		Reason: reason, Error: msg, Attempts: attempts}
+		Reason: reason, Error: stored, Attempts: attempts}
 	rec := recorderOf(jobCtx)
 	set := make(map[string]string)
 	if job != nil && msg != "" {
@@ -327,7 +329,7 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 		if errors.As(cause, &ex) {
 			final = errText(ex.err)
 		}
-		last, history := withError(job, final)
+		last, history := withError(job, c.errorText(job, final))
 		set[stream.FieldLastError] = last
 		b, _ := json.Marshal(history)
 		set[stream.FieldErrorHistory] = string(b)
@@ -339,10 +341,21 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 			}
 		}
 	}
-	args := make([]any, 0, 8+2*len(set))
-	args = append(args, c.r.Group, c.r.Consumer, id, reason, truncate(msg), attempts, c.r.DeadLetterMaxLen, 2*len(set))
+	mode := "copy"
+	if oversize(fields, c.r.MaxEntryBytes) {
+		// Recorded cut short, from what the consumer read: copying it whole
+		// would hold several copies of it in Redis at once.
+		var size int
+		fields, size = cutShort(fields)
+		mode = "record:" + strconv.Itoa(size)
+	}
+	args := make([]any, 0, 9+2*len(set))
+	args = append(args, c.r.Group, c.r.Consumer, id, reason, stored, attempts, c.r.DeadLetterMaxLen, mode, 2*len(set))
 	for _, k := range slices.Sorted(maps.Keys(set)) {
 		args = append(args, k, set[k])
+	}
+	if mode != "copy" {
+		args = appendFields(args, fields)
 	}
 	ctx, cancel := c.settleContext()
 	defer cancel()
@@ -350,14 +363,11 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 	if err == nil && res == int64(-2) {
 		// Trimmed from the stream while pending: record what was read. Only
 		// then do the fields travel back to Redis.
-		for k, v := range fields {
-			args = append(args, k, v)
-		}
-		res, err = deadScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.DeadLetterStream}, args...).Result()
+		res, err = deadScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.DeadLetterStream}, appendFields(args, fields)...).Result()
 	}
 	kind, ran := deadKind(reason), taskOf(jobCtx).handlerTime()
 	if err != nil {
-		attrs := append(c.jobAttrs(id, job, ran, kind, ""), slog.String("dead_reason", reason), slog.String("job_error", truncate(msg)))
+		attrs := append(c.jobAttrs(id, job, ran, kind, ""), slog.String("dead_reason", reason), slog.String("job_error", stored))
 		c.errLog.error("dead-lettering failed; the job stays pending and will be delivered again", err, anys(attrs)...)
 		return
 	}
@@ -384,6 +394,48 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 	}
 }
 
+// cutShortBytes is how much of each field value the dead letter of an
+// oversize entry keeps.
+const cutShortBytes = 1024
+
+// oversize reports whether an entry's field names and values add up to more
+// than maxBytes (0: no limit).
+func oversize(fields map[string]any, maxBytes int) bool {
+	if maxBytes <= 0 {
+		return false
+	}
+	size := 0
+	for k, v := range fields {
+		s, _ := v.(string)
+		size += len(k) + len(s)
+	}
+	return size > maxBytes
+}
+
+// cutShort returns fields with each value cut to cutShortBytes, and the
+// entry's size in bytes.
+func cutShort(fields map[string]any) (map[string]any, int) {
+	out := make(map[string]any, len(fields)+1)
+	size := 0
+	for k, v := range fields {
+		s, _ := v.(string)
+		size += len(k) + len(s)
+		if len(s) > cutShortBytes {
+			s = s[:cutShortBytes]
+		}
+		out[k] = s
+	}
+	return out, size
+}
+
+// appendFields appends fields' names and values to args, in name order.
+func appendFields(args []any, fields map[string]any) []any {
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		args = append(args, k, fields[k])
+	}
+	return args
+}
+
 // withError returns a failed job's last_error and error_history with msg,
 // its latest error, added: truncated, the latest maxErrorHistory kept.
 func withError(job *stream.Job, msg string) (string, []string) {
@@ -400,6 +452,27 @@ func errText(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// maxLoggedValue bounds each value a producer controls in a log record.
+const maxLoggedValue = 256
+
+// clip bounds s, a value a producer chose, for a log record.
+func clip(s string) string {
+	if len(s) > maxLoggedValue {
+		return s[:maxLoggedValue] + "...(truncated)"
+	}
+	return s
+}
+
+// errorText is the text of a job's error as Pelican stores and logs it:
+// Config.RedactError's, bounded to maxErrorBytes. job is nil for an entry
+// that did not decode.
+func (c *Consumer) errorText(job *stream.Job, text string) string {
+	if c.r.RedactError != nil {
+		text = c.r.RedactError(job, text)
+	}
+	return truncate(text)
 }
 
 func truncate(s string) string {
@@ -467,7 +540,9 @@ func (c *Consumer) jobAttrs(entryID string, job *stream.Job, ran time.Duration, 
 	var id, typ, idem, lock, trace string
 	var attempt int
 	if job != nil {
-		id, typ, idem, lock, attempt = job.ID, job.Type, job.IdempotencyKey, job.LockKey, job.Attempt
+		// A producer chose these: bounded, so that a 1 MB type cannot make
+		// a 1 MB log line.
+		id, typ, idem, lock, attempt = clip(job.ID), clip(job.Type), clip(job.IdempotencyKey), clip(job.LockKey), job.Attempt
 		trace = traceID(job.TraceParent)
 	}
 	attrs := make([]slog.Attr, 0, 16) // room for a record's own attributes
@@ -486,7 +561,7 @@ func (c *Consumer) jobAttrs(entryID string, job *stream.Job, ran time.Duration, 
 		slog.String("error_kind", kind),
 	)
 	if msg != "" {
-		attrs = append(attrs, slog.String("error", truncate(msg)))
+		attrs = append(attrs, slog.String("error", c.errorText(job, msg)))
 	}
 	return attrs
 }

@@ -9,7 +9,10 @@
 -- ARGV[3]  cursor TTL in milliseconds
 -- Returns  the new source entry ID; 0 when the entry is no longer in the
 --          dead-letter stream (moved or purged before: only the cursor is
---          written); -1 when the lease is not ours (nothing written).
+--          written); -2 when the entry has more than 1100 job fields, so that
+--          its copy would be malformed (and more values than one Lua call can
+--          pass): it stays dead, only the cursor moves past it; -1 when the
+--          lease is not ours (nothing written).
 -- The copy keeps the entry's raw fields in order (duplicates and binary values
 -- intact) except every dead_* field, attempt (so the job starts again at
 -- attempt 0), replayed_from and replay_count, and appends:
@@ -43,6 +46,11 @@ for i = 1, #src - 1, 2 do
     f[#f + 1] = name
     f[#f + 1] = v
   end
+end
+if #f > 2200 then
+  redis.call('HSET', KEYS[4], 'last', ARGV[2])
+  redis.call('PEXPIRE', KEYS[4], ARGV[3])
+  return -2
 end
 if not has_id then
   f[#f + 1] = 'job_id'

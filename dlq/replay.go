@@ -89,6 +89,10 @@ type ReplayResult struct {
 	// Missing is how many matching entries were gone when their turn came
 	// (purged, or moved by an earlier replay).
 	Missing int
+	// Skipped is how many matching entries stayed dead because they have
+	// more job fields than an entry may have (stream.MaxFields: not written
+	// by a consumer, which copies at most that many).
+	Skipped int
 	// Examined is how many entries this call read.
 	Examined int
 	// Resumed reports that this call continued an interrupted replay from
@@ -269,10 +273,14 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 		case string:
 			res.Replayed++
 		case int64:
-			if v < 0 {
+			switch v {
+			case -1:
 				return false, ErrLeaseLost
+			case -2:
+				res.Skipped++
+			default:
+				res.Missing++
 			}
-			res.Missing++
 		}
 		report(false)
 		return true, nil

@@ -10,11 +10,16 @@ import (
 	"time"
 )
 
-// MaxFields is the most fields (name/value pairs) an entry may have;
-// [DecodeLimit] rejects an entry with more. It bounds what a settlement
-// script copies: Lua cannot pass an unbounded list of values to one
-// command.
+// MaxFields is the most fields (name/value pairs) an entry may have besides
+// the wire format's own (v, type, payload, job_id, ... first_failed_at):
+// headers and unknown fields together. [DecodeLimit] rejects an entry with
+// more. It bounds what a settlement script copies (Lua cannot pass an
+// unbounded list of values to one command), and since the wire format's
+// own fields do not count, a job at the limit can still be retried.
 const MaxFields = 1000
+
+// ownFields is the number of the wire format's own fields.
+const ownFields = 15
 
 // DefaultMaxEntryBytes is the largest entry, counting the bytes of all field
 // names and values, that [Decode] accepts.
@@ -134,8 +139,8 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 	if len(fields) == 0 {
 		return fail("", "entry has no fields (an empty or trimmed entry)")
 	}
-	if len(fields) > MaxFields {
-		return fail("", "entry has %d fields, over the limit of %d", len(fields), MaxFields)
+	if len(fields) > MaxFields+ownFields {
+		return fail("", "entry has %d fields, over the limit of %d besides the format's own", len(fields), MaxFields)
 	}
 	j := &Job{EntryID: id}
 	// Every field is looked at before an error is returned, so that the
@@ -222,6 +227,9 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 	}
 	if maxBytes > 0 && size > maxBytes {
 		return fail(biggest, "entry is %d bytes, over the limit of %d", size, maxBytes)
+	}
+	if n := len(j.Headers) + len(j.Extra); n > MaxFields {
+		return fail("", "entry has %d fields, over the limit of %d besides the format's own", n, MaxFields)
 	}
 	if bad != nil {
 		return nil, bad

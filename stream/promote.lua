@@ -9,14 +9,14 @@
 -- TIME, so worker clocks do not matter, and since the move of each job is part
 -- of this one script, many consumers promoting at once neither lose nor
 -- duplicate a job.
--- A member that does not parse, or has more than 1000 fields (Lua cannot pass
+-- A member that does not parse, or has more than 1100 fields (Lua cannot pass
 -- more values to one command), is set aside: moved to the dead-letter stream
 -- with dead_reason "malformed", so that it cannot fail every later promotion.
 -- Every member is parsed before the first write, and the first write is a
 -- ZREM: Redis refuses a script's first write that needs memory while it is
 -- over maxmemory (noeviction) but lets a script that has written go on, and a
 -- move frees about what it adds.
-local maxValues = 2000
+local maxValues = 2200
 local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
@@ -44,7 +44,7 @@ for i, m in ipairs(due) do
     redis.call('XADD', KEYS[1], '*', unpack(parsed[i]))
   else
     redis.call('XADD', KEYS[3], '*', 'dead_reason', 'malformed', 'dead_error',
-      'delayed-set member does not parse, or has more than 1000 fields', 'delayed_member', m,
+      'delayed-set member does not parse, or has more than 1100 fields', 'delayed_member', m,
       'dead_stream', KEYS[1])
   end
 end

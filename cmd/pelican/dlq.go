@@ -489,6 +489,7 @@ type replayJSON struct {
 	DryRun   bool    `json:"dry_run"`
 	Replayed int     `json:"replayed"`
 	Missing  int     `json:"missing"`
+	Skipped  int     `json:"skipped"`
 	Resumed  bool    `json:"resumed"`
 	Seconds  float64 `json:"seconds"`
 	Rate     float64 `json:"rate"`
@@ -673,7 +674,7 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 				r = float64(res.Replayed) / res.Elapsed.Seconds()
 			}
 			if a.output == "json" {
-				return printJSON(a, replayJSON{Replayed: res.Replayed, Missing: res.Missing, Resumed: res.Resumed,
+				return printJSON(a, replayJSON{Replayed: res.Replayed, Missing: res.Missing, Skipped: res.Skipped, Resumed: res.Resumed,
 					Seconds: res.Elapsed.Seconds(), Rate: r,
 					ForgetFailedIdempotency: forget, IdempotencyPrefix: prefix, Forgotten: *forgotten})
 			}
@@ -681,6 +682,9 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 				res.Replayed, d.Stream(), d.Source(), fmtDuration(res.Elapsed), r, resumedNote(res.Resumed))
 			if res.Missing > 0 {
 				fmt.Fprintf(a.out, "%d entries were gone before their turn (purged or replayed elsewhere)\n", res.Missing)
+			}
+			if res.Skipped > 0 {
+				fmt.Fprintf(a.out, "%d entries stay dead: they have more fields than a job may have (%d)\n", res.Skipped, stream.MaxFields)
 			}
 			fmt.Fprintln(a.out, idemLine)
 			return nil

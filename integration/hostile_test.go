@@ -1,0 +1,292 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/dlq"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/stream"
+	"github.com/redis/go-redis/v9"
+)
+
+// hostileConsumer runs an in-process consumer of q whose handler records
+// each job's runs by job_id and fails the jobs whose type is "fail" once.
+type hostileConsumer struct {
+	mu   sync.Mutex
+	runs map[string]int
+	c    *consumer.Consumer
+}
+
+func runHostile(t *testing.T, rdb *redis.Client, q string, cfg consumer.Config) *hostileConsumer {
+	t.Helper()
+	h := &hostileConsumer{runs: map[string]int{}}
+	cfg.Stream, cfg.Group, cfg.Consumer = q, "g", "c"
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.PromoteInterval = 20 * time.Millisecond
+	cfg.RetryBackoff = func(int) time.Duration { return 10 * time.Millisecond }
+	h.c = consumer.New(rdb, cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		h.mu.Lock()
+		h.runs[j.ID]++
+		n := h.runs[j.ID]
+		h.mu.Unlock()
+		if j.Type == "fail" && n == 1 {
+			return errors.New("once")
+		}
+		return nil
+	}))
+	done := make(chan error, 1)
+	go func() { done <- h.c.Run(context.Background()) }()
+	t.Cleanup(func() {
+		if err := h.c.Shutdown(context.Background()); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		<-done
+	})
+	return h
+}
+
+// runsText returns the runs for a failure message.
+func (h *hostileConsumer) runsText() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return fmt.Sprint(h.runs)
+}
+
+func (h *hostileConsumer) ran(id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.runs[id]
+}
+
+// rawXADD adds an entry as any producer could, with go-redis Do.
+func rawXADD(t *testing.T, rdb *redis.Client, key, id string, fields ...string) string {
+	t.Helper()
+	args := []any{"XADD", key, id}
+	for _, f := range fields {
+		args = append(args, f)
+	}
+	got, err := rdb.Do(context.Background(), args...).Text()
+	if err != nil {
+		t.Fatalf("XADD %s: %v", key, err)
+	}
+	return got
+}
+
+// manyFields returns a job's fields plus n more ("f<i>", "v").
+func manyFields(jobID string, n int) []string {
+	f := []string{"type", "t", "job_id", jobID, "payload", "{}"}
+	for i := range n {
+		f = append(f, "f"+strconv.Itoa(i), "v")
+	}
+	return f
+}
+
+// An entry with thousands of fields (beyond what Lua can pass to one
+// command) must not stop the queue: it is dead-lettered as malformed with a
+// bounded record, once; a job with as many fields as an entry may have
+// retries and completes; the other jobs run; and a delayed-set member or a
+// dead letter with thousands of fields is set aside by the promoter, or
+// skipped by a replay, without failing the others.
+func TestHostile_manyFields(t *testing.T) {
+	t.Parallel()
+	const copyLimit = 1100 // the most fields a dead letter copies (docs/wire-format.md)
+	rdb := redistest.Shared(t)
+	ctx := context.Background()
+	q := redistest.Name(t)
+	keys, _ := stream.KeysFor(q)
+	t.Cleanup(func() { rdb.Del(context.Background(), q, keys.Dead, keys.Delayed) })
+
+	rawXADD(t, rdb, q, "*", "type", "t", "job_id", "before", "payload", "{}")
+	huge := rawXADD(t, rdb, q, "*", manyFields("huge", 5000)...)
+	// stream.MaxFields in all, failing once: its retry carries them all.
+	full := manyFields("full", stream.MaxFields-3)
+	full[1] = "fail"
+	rawXADD(t, rdb, q, "*", full...)
+	rawXADD(t, rdb, q, "*", "type", "t", "job_id", "after", "payload", "{}")
+	// Delayed-set members, due now: a valid one and one with 5000 fields.
+	valid := stream.EncodeDelayed("0-1", []any{"type", "t", "job_id", "delayed", "payload", "{}"})
+	var b strings.Builder
+	b.WriteString("0-2|")
+	for _, f := range manyFields("delayed-huge", 5000) {
+		fmt.Fprintf(&b, "%d:%s", len(f), f)
+	}
+	if err := rdb.ZAdd(ctx, keys.Delayed, redis.Z{Score: 0, Member: b.String()}, redis.Z{Score: 0, Member: valid}).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	h := runHostile(t, rdb, q, consumer.Config{})
+	eventually(t, 20*time.Second, func() (bool, string) {
+		return h.ran("before") == 1 && h.ran("after") == 1 && h.ran("delayed") == 1 && h.ran("full") == 2,
+			"runs: " + h.runsText()
+	})
+	t.Logf("the queue's other jobs ran within %v", time.Since(start).Round(time.Millisecond))
+	eventually(t, 10*time.Second, func() (bool, string) {
+		p := rdb.XPending(ctx, q, "g").Val()
+		return p.Count == 0 && rdb.ZCard(ctx, keys.Delayed).Val() == 0, fmt.Sprintf("pending %+v, delayed %d", p, rdb.ZCard(ctx, keys.Delayed).Val())
+	})
+	dead := rdb.XRange(ctx, keys.Dead, "-", "+").Val()
+	if len(dead) != 2 {
+		t.Fatalf("dead-letter stream has %d entries, want the huge entry and the huge delayed member", len(dead))
+	}
+	byEntry := map[string]redis.XMessage{}
+	for _, d := range dead {
+		if id, ok := d.Values["dead_entry_id"].(string); ok {
+			byEntry[id] = d
+		} else {
+			byEntry["delayed"] = d
+		}
+	}
+	d, ok := byEntry[huge]
+	switch {
+	case !ok:
+		t.Errorf("the 5000-field entry %s is not dead-lettered: %v", huge, dead)
+	case d.Values["dead_reason"] != consumer.ReasonMalformed || !strings.Contains(fmt.Sprint(d.Values["dead_error"]), "fields, over the limit"):
+		t.Errorf("5000-field entry dead-lettered as %v: %v; want malformed, too many fields", d.Values["dead_reason"], d.Values["dead_error"])
+	case len(d.Values) > copyLimit+10 || d.Values["dead_dropped_fields"] != strconv.Itoa(5003-copyLimit):
+		t.Errorf("dead letter of the 5000-field entry has %d fields, dead_dropped_fields %v; want at most %d copied and the rest counted",
+			len(d.Values), d.Values["dead_dropped_fields"], copyLimit)
+	}
+	if d, ok := byEntry["delayed"]; !ok || d.Values["dead_reason"] != consumer.ReasonMalformed {
+		t.Errorf("the 5000-field delayed member was not set aside as malformed: %v", dead)
+	}
+	if st := h.c.Stats(); st.DeadLettered != 1 || st.Retried != 1 {
+		t.Errorf("stats %+v: want 1 dead-lettered (once, not redelivered), 1 retried", st)
+	}
+
+	// A dead letter with 5000 fields, written straight into the
+	// dead-letter stream, between two replayable ones: the replay skips it.
+	if err := rdb.Del(ctx, keys.Dead).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rawXADD(t, rdb, keys.Dead, "*", "type", "t", "job_id", "r1", "payload", "{}", "dead_reason", "permanent")
+	rawXADD(t, rdb, keys.Dead, "*", manyFields("r-huge", 5000)...)
+	rawXADD(t, rdb, keys.Dead, "*", "type", "t", "job_id", "r2", "payload", "{}", "dead_reason", "permanent")
+	dl, err := dlq.New(rdb, q, dlq.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, cursor := dl.Keys()
+	t.Cleanup(func() { rdb.Del(context.Background(), lease, cursor) })
+	res, err := dl.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{})
+	if err != nil {
+		t.Fatalf("Replay: %v", err)
+	}
+	if res.Replayed != 2 || res.Skipped != 1 {
+		t.Errorf("Replay = %+v; want 2 replayed, the 5000-field entry skipped", res)
+	}
+	eventually(t, 10*time.Second, func() (bool, string) {
+		return h.ran("r1") == 1 && h.ran("r2") == 1, "runs: " + h.runsText()
+	})
+}
+
+// Stream IDs a producer chose with sequence numbers above 2^53 (where a
+// Lua number cannot hold them): every job runs once and is acknowledged,
+// also when an acknowledgement pages through more than 1000 pending entries.
+func TestHostile_hugeSequenceIDs(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	ctx := context.Background()
+	q := redistest.Name(t)
+	keys, _ := stream.KeysFor(q)
+	t.Cleanup(func() { rdb.Del(context.Background(), q, keys.Dead, keys.Delayed) })
+	const n = 3000
+	base := uint64(1) << 60
+	pipe := rdb.Pipeline()
+	for i := range uint64(n) {
+		pipe.Do(ctx, "XADD", q, fmt.Sprintf("5-%d", base+i), "type", "t", "job_id", strconv.FormatUint(i, 10), "payload", "{}")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Many jobs in flight at once, so that one acknowledgement's ID range
+	// holds more than 1000 of the consumer's pending entries.
+	h := runHostile(t, rdb, q, consumer.Config{Concurrency: 1500})
+	eventually(t, 30*time.Second, func() (bool, string) {
+		p := rdb.XPending(ctx, q, "g").Val()
+		return h.c.Stats().Acked == n && p.Count == 0, fmt.Sprintf("stats %+v, pending %+v", h.c.Stats(), p)
+	})
+	for i := range n {
+		if r := h.ran(strconv.Itoa(i)); r != 1 {
+			t.Errorf("job %d ran %d times, want 1", i, r)
+		}
+	}
+}
+
+// An entry over MaxEntryBytes is dead-lettered cut short (each value to its
+// first KiB, dead_truncated its size), from what the consumer read: it is
+// neither sent back whole nor copied whole inside Redis. Redis's peak memory
+// grows by about one copy, the reply to the read, which no consumer can
+// avoid.
+func TestHostile_oversizeEntry(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	const q = "big"
+	keys, _ := stream.KeysFor(q)
+	const size = 32 << 20
+	payload := strings.Repeat("p", size)
+	if err := rdb.XGroupCreateMkStream(ctx, q, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rawXADD(t, rdb, q, "*", "type", "t", "job_id", "big", "payload", payload)
+	rawXADD(t, rdb, q, "*", "type", "t", "job_id", "small", "payload", "{}")
+	// The baseline holds the entry; CONFIG RESETSTAT resets the peak.
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := infoInt(t, rdb, "memory", "used_memory")
+	start := time.Now()
+	h := runHostile(t, rdb, q, consumer.Config{})
+	eventually(t, 30*time.Second, func() (bool, string) {
+		return h.ran("small") == 1 && rdb.XLen(ctx, keys.Dead).Val() == 1, fmt.Sprintf("runs %s, dead %d", h.runsText(), rdb.XLen(ctx, keys.Dead).Val())
+	})
+	t.Logf("the other job ran %v after the consumer started", time.Since(start).Round(time.Millisecond))
+	if h.ran("big") != 0 {
+		t.Error("the oversize job ran")
+	}
+	d := rdb.XRange(ctx, keys.Dead, "-", "+").Val()[0]
+	if d.Values["dead_reason"] != consumer.ReasonMalformed || len(fmt.Sprint(d.Values["payload"])) != 1024 ||
+		d.Values["dead_truncated"] != strconv.Itoa(size+len("typetjob_idbigpayload")) || d.Values["job_id"] != "big" {
+		t.Errorf("dead letter: reason %v, payload of %d bytes, dead_truncated %v; want malformed, its fields cut to 1 KiB, the entry's size",
+			d.Values["dead_reason"], len(fmt.Sprint(d.Values["payload"])), d.Values["dead_truncated"])
+	}
+	peak := infoInt(t, rdb, "memory", "used_memory_peak")
+	growth := float64(peak-before) / size
+	t.Logf("Redis peak memory grew by %.1f MB past the stored entry, for a %d MB entry (%.2f copies)", float64(peak-before)/(1<<20), size>>20, growth)
+	// The one copy Pelican cannot avoid: the reply to XREADGROUP.
+	if growth > 1.5 {
+		t.Errorf("Redis peak memory grew by %.2f times the entry's size; want at most about one copy (the read's reply)", growth)
+	}
+	if n := rdb.XLen(ctx, q).Val(); n != 0 {
+		t.Errorf("stream length %d after both entries settled; want 0", n)
+	}
+}
+
+func infoInt(t *testing.T, rdb *redis.Client, section, key string) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), section).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, key+":"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	t.Fatalf("INFO %s has no %s", section, key)
+	return 0
+}
