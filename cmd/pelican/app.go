@@ -26,10 +26,9 @@ type app struct {
 	output string
 	// yes skips confirmation prompts of destructive commands.
 	yes bool
-	// redisURL is --redis or $REDIS_URL.
-	redisURL string
-	// connect returns a client for redisURL (single node, Cluster or TLS),
-	// checked with PING; the caller closes it.
+	// connect returns a client for the --redis URL (single node, Cluster
+	// or TLS), checked with PING; the caller closes it. It is set before
+	// any subcommand runs, once the URL and the TLS flags are checked.
 	connect func(ctx context.Context) (redis.UniversalClient, error)
 }
 

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -46,10 +47,17 @@ const defaultRedisURL = "redis://127.0.0.1:6379/0"
 
 const rootLong = `pelican inspects and operates Pelican job queues on Redis Streams.
 
-Connect with --redis URL or $REDIS_URL (default ` + defaultRedisURL + `):
+Connect with --redis URL, else $REDIS_URL, else ` + defaultRedisURL + `:
   redis://[user:pass@]host:port/db     single node
-  rediss://...                         TLS
+  rediss://...                         TLS (see the --tls-* flags)
   redis+cluster://host1:port,host2:port/?...  (or --cluster)  Redis Cluster
+pelican never prints a password: URLs in messages show it as xxxxx.
+
+TLS (rediss:// only): the server's certificate is checked against the
+system's roots, or against the CA in --tls-ca. --tls-cert and --tls-key
+give a client certificate, for a server that requires one (mutual TLS).
+--tls-insecure skips the server's verification: anyone on the path can
+read and change the traffic; use it only to test.
 
 Every read command takes --output json for scripts.
 
@@ -63,7 +71,7 @@ Exit codes:
 
 // newRoot builds the pelican command tree around a.
 func newRoot(a *app) *cobra.Command {
-	var cluster bool
+	var conn connFlags
 	root := &cobra.Command{
 		Use:           "pelican",
 		Short:         "Inspect and operate Pelican job queues",
@@ -74,21 +82,31 @@ func newRoot(a *app) *cobra.Command {
 			if a.output != "table" && a.output != "json" {
 				return fail(exitUsage, "invalid --output %q: want table or json", a.output)
 			}
+			if conn.url == "" {
+				conn.url = cmp.Or(os.Getenv("REDIS_URL"), defaultRedisURL)
+			}
+			// Checked when a command connects, not here, so a bad
+			// $REDIS_URL does not break help or completion.
 			a.connect = func(ctx context.Context) (redis.UniversalClient, error) {
-				return connect(ctx, a.redisURL, cluster)
+				d, err := newDialer(conn)
+				if err != nil {
+					return nil, err
+				}
+				return d.connect(ctx)
 			}
 			return nil
 		},
 	}
-	def := os.Getenv("REDIS_URL")
-	if def == "" {
-		def = defaultRedisURL
-	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.redisURL, "redis", def, "Redis URL (redis://, rediss://, redis+cluster://); default $REDIS_URL")
+	// The default is not $REDIS_URL itself: help would print its password.
+	pf.StringVar(&conn.url, "redis", "", "Redis URL (redis://, rediss://, redis+cluster://); default $REDIS_URL, else "+defaultRedisURL)
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	pf.BoolVarP(&a.yes, "yes", "y", false, "do not ask for confirmation")
-	pf.BoolVar(&cluster, "cluster", false, "connect to a Redis Cluster (also implied by redis+cluster://)")
+	pf.BoolVar(&conn.cluster, "cluster", false, "connect to a Redis Cluster (also implied by redis+cluster://)")
+	pf.StringVar(&conn.tlsCA, "tls-ca", "", "PEM `file` of the CA certificates that verify the server (rediss:// only; default: the system's roots)")
+	pf.StringVar(&conn.tlsCert, "tls-cert", "", "PEM `file` of the client certificate, for mutual TLS (needs --tls-key)")
+	pf.StringVar(&conn.tlsKey, "tls-key", "", "PEM `file` of the client certificate's private key (needs --tls-cert)")
+	pf.BoolVar(&conn.tlsInsecure, "tls-insecure", false, "INSECURE: do not verify the server's certificate or host name (tests only)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return &codeError{code: exitUsage, err: err}
 	})

@@ -49,30 +49,3 @@ func TestMain_help(t *testing.T) {
 		}
 	}
 }
-
-func TestRedactURL(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]string{
-		"redis://127.0.0.1:6379/0":           "redis://127.0.0.1:6379/0",
-		"rediss://u:secret@h:6380/1":         "rediss://u:xxxxx@h:6380/1",
-		"redis://h:1/0?password=secret&db=1": "redis://h:1/0?db=1&password=xxxxx",
-		"redis+cluster://:pw@a:1,b:2/?x=y":   "redis+cluster://:xxxxx@a:1,b:2/?x=y",
-	} {
-		if got := redactURL(in); got != want {
-			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-func TestClusterHosts(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]string{
-		"redis://a:1":                          "redis://a:1",
-		"redis://a:1,b:2,c:3/":                 "redis://a:1/?addr=b%3A2&addr=c%3A3",
-		"rediss://u:p@a:1,b:2/?dial_timeout=3": "rediss://u:p@a:1/?dial_timeout=3&addr=b%3A2",
-	} {
-		if got := clusterHosts(in); got != want {
-			t.Errorf("clusterHosts(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

@@ -54,7 +54,7 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 	want := strconv.Itoa(masters)
 	for _, n := range c.nodes {
 		for {
-			info, err := probe(n.Addr(), probeTimeout, "CLUSTER", "INFO")
+			info, err := probe(n.Addr(), nil, probeTimeout, "CLUSTER", "INFO")
 			if err == nil && infoField(info, "cluster_state") == "ok" &&
 				infoField(info, "cluster_known_nodes") == want {
 				break

@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -16,12 +17,19 @@ type replyError string
 
 func (e replyError) Error() string { return string(e) }
 
-// probe sends one command to addr on a fresh connection and returns the reply
+// probe sends one command to addr on a fresh connection (TLS with tlsConf,
+// if not nil) and returns the reply
 // as a string (status, bulk or integer reply). It is a minimal RESP2 client
 // for readiness checks and control commands, so those do not depend on
 // go-redis retries, pools or handshakes (HELLO, CLIENT SETINFO).
-func probe(addr string, timeout time.Duration, args ...string) (string, error) {
-	conn, err := net.DialTimeout("tcp", addr, timeout)
+func probe(addr string, tlsConf *tls.Config, timeout time.Duration, args ...string) (string, error) {
+	var conn net.Conn
+	var err error
+	if tlsConf != nil {
+		conn, err = tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", addr, tlsConf)
+	} else {
+		conn, err = net.DialTimeout("tcp", addr, timeout)
+	}
 	if err != nil {
 		return "", err
 	}

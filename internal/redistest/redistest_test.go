@@ -114,7 +114,7 @@ func TestServer_ShutdownRestart(t *testing.T) {
 	if log := s.logSince(0); !strings.Contains(log, "ready to exit, bye bye") {
 		t.Errorf("log has no graceful-exit line after Shutdown:\n%s", s.logTail())
 	}
-	if _, err := probe(s.Addr(), probeTimeout, "PING"); err == nil {
+	if _, err := probe(s.Addr(), nil, probeTimeout, "PING"); err == nil {
 		t.Fatalf("PING after Shutdown succeeded, want a refused connection")
 	}
 
@@ -231,7 +231,7 @@ func TestStartCluster(t *testing.T) {
 		}
 		var holders []int
 		for i, n := range c.Nodes() {
-			if reply, err := probe(n.Addr(), probeTimeout, "EXISTS", k); err == nil && reply == "1" {
+			if reply, err := probe(n.Addr(), nil, probeTimeout, "EXISTS", k); err == nil && reply == "1" {
 				holders = append(holders, i)
 			}
 		}
@@ -360,4 +360,48 @@ func runFake(t *testing.T, fn func(testing.TB)) string {
 		f.cleanups[i]()
 	}
 	return f.fatal
+}
+
+func TestStart_TLS(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name        string
+		authClients bool
+	}{
+		{name: "AuthClients", authClients: true},
+		{name: "NoClientAuth", authClients: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := Start(t, Options{TLS: &TLSOptions{AuthClients: tc.authClients}})
+			ctx := t.Context()
+			noRetry := func(o *redis.Options) { o.MaxRetries = -1 }
+			if err := s.Client(t, noRetry).Set(ctx, Name(t), "v", 0).Err(); err != nil {
+				t.Fatalf("SET over TLS with the client certificate: %v", err)
+			}
+
+			plain := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+			defer plain.Close()
+			if err := plain.Ping(ctx).Err(); err == nil {
+				t.Errorf("PING in plain text: no error, want the server to speak TLS only")
+			}
+
+			noCert := s.Client(t, noRetry, func(o *redis.Options) { o.TLSConfig.Certificates = nil })
+			err := noCert.Ping(ctx).Err()
+			if tc.authClients && err == nil {
+				t.Errorf("PING without a client certificate: no error, want it refused")
+			}
+			if !tc.authClients && err != nil {
+				t.Errorf("PING without a client certificate: %v, want PONG", err)
+			}
+		})
+	}
+}
+
+func TestServer_TLSFilesWithoutTLS(t *testing.T) {
+	t.Parallel()
+	msg := runFake(t, func(tb testing.TB) { Start(tb, Options{}).TLSFiles() })
+	if !strings.Contains(msg, "without Options.TLS") {
+		t.Errorf("Fatalf = %q, want it to name Options.TLS", msg)
+	}
 }

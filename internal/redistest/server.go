@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -50,6 +51,11 @@ type Options struct {
 	// []string{"--maxmemory", "20mb"}. They come last on the command line,
 	// so they override the harness's own settings.
 	Args []string
+
+	// TLS, if not nil, makes the server speak TLS only, with certificates
+	// that Start generates (see Server.TLSFiles). Server.Client and the
+	// harness's own probes use them.
+	TLS *TLSOptions
 }
 
 // Server is a redis-server process started by Start, listening on
@@ -63,6 +69,9 @@ type Server struct {
 	logPath string
 	port    int
 	busPort int // cluster bus port; 0 unless started by StartCluster
+
+	tlsFiles TLSFiles    // set if opts.TLS is not nil
+	tlsConf  *tls.Config // client configuration; nil unless opts.TLS is set
 
 	mu   sync.Mutex
 	proc *process // current (or last) process
@@ -91,6 +100,12 @@ func start(t testing.TB, opts Options, cluster bool) *Server {
 	dir := t.TempDir()
 	s := &Server{t: t, opts: opts, dir: dir, logPath: filepath.Join(dir, "redis.log")}
 	t.Cleanup(s.cleanup)
+	if opts.TLS != nil {
+		var err error
+		if s.tlsFiles, s.tlsConf, err = newTLSFiles(dir); err != nil {
+			t.Fatalf("redistest: make TLS certificates: %v", err)
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		n := 1
 		if cluster {
@@ -119,13 +134,27 @@ func start(t testing.TB, opts Options, cluster bool) *Server {
 
 // args is the redis-server command line.
 func (s *Server) args() []string {
-	args := []string{
-		"--port", strconv.Itoa(s.port),
+	args := []string{"--port", strconv.Itoa(s.port)}
+	if s.opts.TLS != nil {
+		auth := "no"
+		if s.opts.TLS.AuthClients {
+			auth = "yes"
+		}
+		args = []string{
+			"--port", "0",
+			"--tls-port", strconv.Itoa(s.port),
+			"--tls-cert-file", s.tlsFiles.ServerCert,
+			"--tls-key-file", s.tlsFiles.ServerKey,
+			"--tls-ca-cert-file", s.tlsFiles.CA,
+			"--tls-auth-clients", auth,
+		}
+	}
+	args = append(args,
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--daemonize", "no",
 		"--save", "",
-	}
+	)
 	if s.opts.AOF == "" {
 		args = append(args, "--appendonly", "no")
 	} else {
@@ -203,14 +232,14 @@ func (s *Server) waitReady(p *process, deadline time.Time) error {
 // ready reports whether the server answers PING (LOADING is not ready) and
 // is the process pid, not another server that took the port.
 func (s *Server) ready(pid int) error {
-	pong, err := probe(s.Addr(), probeTimeout, "PING")
+	pong, err := probe(s.Addr(), s.tlsConf, probeTimeout, "PING")
 	if err != nil {
 		return err
 	}
 	if pong != "PONG" {
 		return fmt.Errorf("PING replied %q", pong)
 	}
-	info, err := probe(s.Addr(), probeTimeout, "INFO", "server")
+	info, err := probe(s.Addr(), s.tlsConf, probeTimeout, "INFO", "server")
 	if err != nil {
 		return err
 	}
@@ -224,6 +253,16 @@ func (s *Server) ready(pid int) error {
 // across Restart.
 func (s *Server) Addr() string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+}
+
+// TLSFiles returns the PEM files of a server started with Options.TLS. It
+// fails the test if the server was started without.
+func (s *Server) TLSFiles() TLSFiles {
+	s.t.Helper()
+	if s.opts.TLS == nil {
+		s.t.Fatalf("redistest: TLSFiles: %s was started without Options.TLS", s.Addr())
+	}
+	return s.tlsFiles
 }
 
 // Port returns the server's TCP port. It does not change across Restart.
@@ -241,10 +280,14 @@ func (s *Server) PID() int {
 
 // Client returns a new go-redis client to the server, closed by t.Cleanup.
 // Each opts function may change the options (timeouts, retries, protocol)
-// before the client is created; Addr is already set.
+// before the client is created; Addr is already set, and so is TLSConfig
+// (trusting the CA, presenting the client certificate) for a TLS server.
 func (s *Server) Client(t testing.TB, opts ...func(*redis.Options)) *redis.Client {
 	t.Helper()
 	o := &redis.Options{Addr: s.Addr()}
+	if s.tlsConf != nil {
+		o.TLSConfig = s.tlsConf.Clone()
+	}
 	for _, f := range opts {
 		f(o)
 	}
@@ -327,7 +370,7 @@ func (s *Server) Cont() {
 func (s *Server) Shutdown() {
 	s.t.Helper()
 	p := s.running("Shutdown")
-	reply, err := probe(s.Addr(), exitTimeout, "SHUTDOWN", "NOSAVE")
+	reply, err := probe(s.Addr(), s.tlsConf, exitTimeout, "SHUTDOWN", "NOSAVE")
 	var rerr replyError
 	switch {
 	case errors.As(err, &rerr):
