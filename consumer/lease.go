@@ -261,3 +261,27 @@ func (c *Consumer) deletedFromStream(ctx context.Context, ids []string) map[stri
 	}
 	return deleted
 }
+
+// giveBack releases entries this consumer will not finish, so that the next
+// sweep of any consumer takes them at once.
+func (c *Consumer) giveBack(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := c.settleContext()
+	defer cancel()
+	gone, err := c.claimer.Release(ctx, c.r.VisibilityTimeout, ids...)
+	switch {
+	case err != nil && len(ids) == 1:
+		c.errLog.error("giving back an unfinished job failed; it will be reclaimed after the visibility timeout", err,
+			anys(c.entryAttrs(ids[0], errKindShutdown, ""))...)
+	case err != nil:
+		c.errLog.error("giving back unfinished jobs failed; they will be reclaimed after the visibility timeout", err,
+			"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "entry_ids", ids)
+	default:
+		for _, id := range gone {
+			c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "unfinished job to give back was no longer owned by this consumer (reclaimed by another, or deleted from the stream)",
+				c.entryAttrs(id, errKindShutdown, "")...)
+		}
+	}
+}

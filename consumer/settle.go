@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -139,10 +138,10 @@ func (c *Consumer) flushAcks(items []ackItem) {
 	}()
 	lo, hi := "", ""
 	for i, id := range ids {
-		if i == 0 || compareIDs(id, lo) < 0 {
+		if i == 0 || stream.CompareIDs(id, lo) < 0 {
 			lo = id
 		}
-		if i == 0 || compareIDs(id, hi) > 0 {
+		if i == 0 || stream.CompareIDs(id, hi) > 0 {
 			hi = id
 		}
 	}
@@ -480,32 +479,6 @@ func truncate(s string) string {
 		return s[:maxErrorBytes] + "...(truncated)"
 	}
 	return s
-}
-
-// compareIDs orders stream entry IDs ("<ms>-<seq>") numerically.
-func compareIDs(a, b string) int {
-	am, as := splitID(a)
-	bm, bs := splitID(b)
-	switch {
-	case am != bm:
-		return cmp.Compare(am, bm)
-	default:
-		return cmp.Compare(as, bs)
-	}
-}
-
-// splitID parses "<ms>-<seq>"; malformed parts read as 0.
-func splitID(id string) (ms, seq uint64) {
-	cur := &ms
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if c == '-' {
-			cur = &seq
-			continue
-		}
-		*cur = *cur*10 + uint64(c-'0')
-	}
-	return ms, seq
 }
 
 // Values of the error_kind attribute of log records about a job, besides

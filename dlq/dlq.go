@@ -312,7 +312,7 @@ func (d *DLQ) List(ctx context.Context, f Filter, limit int, after string) (entr
 	}
 	start := "-"
 	if after != "" {
-		if _, err := parseID(after); err != nil {
+		if _, err := stream.ParseID(after); err != nil {
 			return nil, "", fmt.Errorf("dlq: List: after: %w", err)
 		}
 		start = "(" + after
@@ -338,7 +338,7 @@ func (d *DLQ) List(ctx context.Context, f Filter, limit int, after string) (entr
 // Get returns the entry with the given ID, or an error wrapping
 // [ErrNotFound].
 func (d *DLQ) Get(ctx context.Context, id string) (Entry, error) {
-	if _, err := parseID(id); err != nil {
+	if _, err := stream.ParseID(id); err != nil {
 		return Entry{}, fmt.Errorf("dlq: Get: %w", err)
 	}
 	es, err := xrange(ctx, d.rdb, d.dead, id, id, 1)
@@ -401,21 +401,21 @@ func (d *DLQ) scan(ctx context.Context, f Filter, start, end string, fn func(e E
 }
 
 func (d *DLQ) scanIDs(ctx context.Context, m *matcher, start, end string, fn func(e Entry, matched bool) (bool, error)) error {
-	lo, hi := entryID{}, entryID{^uint64(0), ^uint64(0)}
+	lo, hi := stream.ID{}, stream.ID{Ms: ^uint64(0), Seq: ^uint64(0)}
 	loOpen := false
 	if s, ok := strings.CutPrefix(start, "("); ok {
-		lo, _ = parseID(s)
+		lo, _ = stream.ParseID(s)
 		loOpen = true
 	} else if start != "-" {
-		lo, _ = parseID(start)
+		lo, _ = stream.ParseID(start)
 	}
 	if end != "+" {
-		hi, _ = parseID(end)
+		hi, _ = stream.ParseID(end)
 	}
 	var ids []string
 	for _, id := range m.ids {
-		p, _ := parseID(id)
-		if p.less(lo) || (loOpen && p == lo) || hi.less(p) {
+		p, _ := stream.ParseID(id)
+		if p.Compare(lo) < 0 || (loOpen && p == lo) || hi.Compare(p) < 0 {
 			continue
 		}
 		ids = append(ids, id)
@@ -464,21 +464,4 @@ func (d *DLQ) lastID(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return es[0].ID, nil
-}
-
-// entryID is a parsed stream entry ID.
-type entryID struct{ ms, seq uint64 }
-
-func parseID(s string) (entryID, error) {
-	ms, seq, ok := strings.Cut(s, "-")
-	a, err1 := strconv.ParseUint(ms, 10, 64)
-	b, err2 := strconv.ParseUint(seq, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
-		return entryID{}, fmt.Errorf("invalid stream entry ID %q (want <ms>-<seq>)", s)
-	}
-	return entryID{a, b}, nil
-}
-
-func (a entryID) less(b entryID) bool {
-	return a.ms < b.ms || (a.ms == b.ms && a.seq < b.seq)
 }

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pelicanqueue/pelican/stream"
 )
 
 // Filter selects dead-letter entries. An entry matches when it passes every
@@ -71,9 +73,9 @@ func (f Filter) compile() (*matcher, error) {
 	}
 	m := &matcher{f: f}
 	if len(f.IDs) > 0 {
-		parsed := make(map[string]entryID, len(f.IDs))
+		parsed := make(map[string]stream.ID, len(f.IDs))
 		for _, id := range f.IDs {
-			p, err := parseID(id)
+			p, err := stream.ParseID(id)
 			if err != nil {
 				return nil, fmt.Errorf("dlq: Filter.IDs: %w", err)
 			}
@@ -86,9 +88,9 @@ func (f Filter) compile() (*matcher, error) {
 		slices.SortFunc(m.ids, func(a, b string) int {
 			pa, pb := parsed[a], parsed[b]
 			switch {
-			case pa.less(pb):
+			case pa.Compare(pb) < 0:
 				return -1
-			case pb.less(pa):
+			case pb.Compare(pa) < 0:
 				return 1
 			}
 			return 0

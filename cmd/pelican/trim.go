@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -92,10 +91,10 @@ func trimCount(ctx context.Context, rdb redis.UniversalClient, s string, keep ti
 		if err != nil {
 			return 0, fail(exitError, "XPENDING %s %s: %w", s, g.Name, err)
 		}
-		if p.Count > 0 && idLess(p.Lower, h) {
+		if p.Count > 0 && stream.CompareIDs(p.Lower, h) < 0 {
 			h = p.Lower
 		}
-		if horizon == "" || idLess(h, horizon) {
+		if horizon == "" || stream.CompareIDs(h, horizon) < 0 {
 			horizon = h
 		}
 	}
@@ -108,7 +107,7 @@ func trimCount(ctx context.Context, rdb redis.UniversalClient, s string, keep ti
 		if cutoff <= 0 {
 			return 0, nil
 		}
-		if c := strconv.FormatInt(cutoff, 10) + "-0"; idLess(c, horizon) {
+		if c := strconv.FormatInt(cutoff, 10) + "-0"; stream.CompareIDs(c, horizon) < 0 {
 			horizon = c
 		}
 	}
@@ -130,21 +129,4 @@ func trimCount(ctx context.Context, rdb redis.UniversalClient, s string, keep ti
 		}
 		start = "(" + msgs[len(msgs)-1].ID
 	}
-}
-
-// idLess compares two stream IDs "<ms>-<seq>" numerically.
-func idLess(a, b string) bool {
-	am, as := splitID(a)
-	bm, bs := splitID(b)
-	if am != bm {
-		return am < bm
-	}
-	return as < bs
-}
-
-func splitID(id string) (ms, seq uint64) {
-	m, s, _ := strings.Cut(id, "-")
-	ms, _ = strconv.ParseUint(m, 10, 64)
-	seq, _ = strconv.ParseUint(s, 10, 64)
-	return ms, seq
 }

@@ -1,0 +1,214 @@
+package consumer
+
+// Intake: the read loop takes jobs into the consumer (its own pending entries
+// after a restart, new entries, entries reclaimed from dead workers), as many
+// as there are free worker slots.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/pelicanqueue/pelican/claim"
+	"github.com/pelicanqueue/pelican/stream"
+	"github.com/redis/go-redis/v9"
+)
+
+// acquire waits for one free worker slot, then takes up to max-1 more
+// without waiting. It returns 0 when ctx is done.
+func (c *Consumer) acquire(ctx context.Context, max int) int {
+	select {
+	case <-c.slots:
+	case <-ctx.Done():
+		return 0
+	}
+	return 1 + c.tryAcquire(max-1)
+}
+
+// tryAcquire takes up to max free slots without waiting.
+func (c *Consumer) tryAcquire(max int) int {
+	n := 0
+	for n < max {
+		select {
+		case <-c.slots:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+func (c *Consumer) release(n int) {
+	for range n {
+		c.slots <- struct{}{}
+	}
+}
+
+// readLoop is the consumer's one intake of work: it first re-reads this
+// consumer's own pending entries (left by an earlier run under the same
+// name), then reads new entries, each time as many as there are free slots,
+// and every SweepInterval sweeps for entries idle past the visibility
+// timeout. Reads and sweeps share the loop so that a blocked read never
+// holds the slots a sweep needs; a read blocks no longer than until the next
+// sweep is due.
+func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
+	var backoff backoff
+	after := "0"
+	for ctx.Err() == nil {
+		n := c.acquire(ctx, c.r.Concurrency)
+		if n == 0 {
+			return
+		}
+		// Entries re-read here were delivered before: all are suspects,
+		// queued without taking a slot, so no gate is needed.
+		at := time.Now()
+		entries, deleted, err := c.claimer.ReadOwn(ctx, after, n)
+		if err != nil {
+			c.release(n)
+			c.readError(ctx, err, &backoff)
+			continue
+		}
+		backoff.reset()
+		c.reportLost(deleted, "re-reading own pending entries")
+		if len(entries) == 0 && len(deleted) == 0 {
+			c.release(n)
+			break
+		}
+		for _, id := range deleted {
+			after = laterID(after, id)
+		}
+		c.dispatchOwned(n, entries, at)
+		for _, e := range entries {
+			after = laterID(after, e.ID)
+		}
+	}
+	nextSweep := time.Now()
+	for ctx.Err() == nil {
+		if !c.intake(ctx, reader, &nextSweep, &backoff) {
+			return
+		}
+	}
+}
+
+// intake reads or sweeps once, holding the gate shared so that no fresh job
+// starts while a suspect waits to run alone. It returns false when the
+// consumer stops.
+func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep *time.Time, backoff *backoff) bool {
+	c.gate.RLock()
+	defer c.gate.RUnlock()
+	n := c.acquire(ctx, c.r.Concurrency)
+	if n == 0 {
+		return false
+	}
+	if !time.Now().Before(*nextSweep) {
+		c.release(n)
+		c.sweep(ctx)
+		*nextSweep = time.Now().Add(c.r.SweepInterval)
+		return true
+	}
+	at := time.Now()
+	res, err := reader.read(ctx, &redis.XReadGroupArgs{
+		Group:    c.r.Group,
+		Consumer: c.r.Consumer,
+		Streams:  []string{c.r.Stream, ">"},
+		Count:    int64(n),
+		Block:    max(min(c.r.Block, time.Until(*nextSweep)), time.Millisecond),
+	})
+	if err != nil {
+		c.release(n)
+		if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
+			c.readError(ctx, err, backoff)
+		}
+		return true
+	}
+	backoff.reset()
+	var msgs []redis.XMessage
+	if len(res) > 0 {
+		msgs = res[0].Messages
+	}
+	c.release(n - len(msgs))
+	if ctx.Err() != nil {
+		// Read after the stop: give the entries back for the next sweep.
+		ids := make([]string, len(msgs))
+		for i, m := range msgs {
+			ids[i] = m.ID
+		}
+		c.giveBack(ids)
+		c.release(len(msgs))
+		return false
+	}
+	for _, m := range msgs {
+		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1, at: at})
+	}
+	return true
+}
+
+// dispatchOwned dispatches entries for which reserved slots are held,
+// waiting for more slots if there are more entries than that (miniredis
+// ignores COUNT when reading history).
+func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Time) {
+	for i, e := range entries {
+		if i >= reserved {
+			<-c.slots // wait until a slot frees up
+		}
+		c.dispatch(delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at})
+	}
+	if len(entries) < reserved {
+		c.release(reserved - len(entries))
+	}
+}
+
+func (c *Consumer) readError(ctx context.Context, err error, b *backoff) {
+	c.stats.readErrors.Add(1)
+	c.recoverGroup(ctx, err)
+	if ctx.Err() == nil { // not an error of the consumer's own stop
+		c.errLog.error("reading from Redis failed; backing off", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+	}
+	b.wait(ctx)
+}
+
+// sweep takes over jobs idle longer than the visibility timeout, as many as
+// there are free slots.
+func (c *Consumer) sweep(ctx context.Context) {
+	var at time.Time // Sweep calls take just before each XAUTOCLAIM
+	take := func(n int) int {
+		at = time.Now()
+		return c.tryAcquire(n)
+	}
+	err := c.claimer.Sweep(ctx, c.r.VisibilityTimeout, take, func(reserved int, claimed []claim.Entry, deleted []string) {
+		c.reportLost(deleted, "reclaiming")
+		c.stats.reclaimed.Add(uint64(len(claimed)))
+		if len(claimed) > 0 {
+			c.r.Logger.Info("reclaimed jobs idle past the visibility timeout", "stream", c.r.Stream, "group", c.r.Group,
+				"consumer", c.r.Consumer, "count", len(claimed))
+		}
+		c.dispatchOwned(reserved, claimed, at)
+	})
+	if err != nil {
+		c.recoverGroup(ctx, err)
+		if ctx.Err() == nil {
+			c.errLog.error("sweeping for idle jobs failed", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+		}
+	}
+}
+
+func (c *Consumer) reportLost(ids []string, when string) {
+	if len(ids) == 0 {
+		return
+	}
+	c.stats.lost.Add(uint64(len(ids)))
+	for _, id := range ids {
+		c.r.Logger.LogAttrs(c.base, slog.LevelError, "pending job was deleted or trimmed from the stream before it finished; it is lost",
+			append(c.entryAttrs(id, errKindLost, ""), slog.String("when", when))...)
+	}
+}
+
+// laterID returns the later of two stream entry IDs.
+func laterID(a, b string) string {
+	if stream.CompareIDs(a, b) < 0 {
+		return b
+	}
+	return a
+}

@@ -1,0 +1,210 @@
+package consumer
+
+// Work: each job taken in runs through the middleware chain and the
+// handler, and its result goes to settlement (settle.go).
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// task is one running job.
+type task struct {
+	id     string
+	job    *stream.Job
+	cancel context.CancelCauseFunc
+	lease  lease // guarded by Consumer.mu
+	// finished: the handler has returned and the job is being settled; no
+	// more heartbeats. Guarded by Consumer.mu.
+	finished bool
+	// orphaned: the entry was deleted or trimmed from the stream while the
+	// job ran, and has been reported lost; no more heartbeats. Guarded by
+	// Consumer.mu.
+	orphaned bool
+	// start is when the handler started (zero: not started); guarded by
+	// Consumer.mu. ran is how long it ran, set with finished.
+	start time.Time
+	ran   time.Duration
+	done  chan struct{}
+	// recorder is the job's DeadLetterRecorder, set by middleware.
+	recorder atomic.Pointer[DeadLetterRecorder]
+	// suspect: the job was delivered before (see Config.MaxCrashes); it
+	// runs alone and settles synchronously.
+	suspect bool
+}
+
+// delivery is an entry this consumer now owns.
+type delivery struct {
+	id         string
+	fields     map[string]any
+	deliveries int
+	at         time.Time // when the read that delivered it was sent
+}
+
+// dispatch starts a job for d. The caller holds a slot for it, which the
+// job's goroutine releases. The entry is decoded there too, so that the
+// read loop spends as little as possible per entry. An entry delivered
+// before is a suspect: it gives its slot back and waits for the suspect
+// runner (see suspect.go).
+func (c *Consumer) dispatch(d delivery) {
+	if c.lateDelivery(d) {
+		c.release(1)
+		return
+	}
+	t := &task{id: d.id, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: d.deliveries > 1}
+	ctx, cancel := context.WithCancelCause(context.WithValue(c.base, jobKey{}, t))
+	t.cancel = cancel
+	c.mu.Lock()
+	_, running := c.inflight[d.id]
+	if !running {
+		c.inflight[d.id] = t
+		c.trackLease(t)
+	}
+	c.mu.Unlock()
+	if running {
+		// This consumer's own sweep reclaimed a job it is still running or
+		// acknowledging (its heartbeat is disabled or failed): the entry is
+		// still ours and the running task settles it; a second copy must
+		// not start.
+		cancel(nil)
+		c.release(1)
+		return
+	}
+	if t.suspect {
+		c.release(1)
+		c.suspects.push(suspectRun{ctx: ctx, t: t, d: d})
+		return
+	}
+	go func() {
+		defer c.release(1)
+		c.work(ctx, t, d, "")
+	}()
+}
+
+// decode returns d's job, or the dead-letter reason and error of an entry
+// that must not reach the handler.
+func (c *Consumer) decode(d delivery) (job *stream.Job, reason, deadError string) {
+	job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes)
+	if err != nil {
+		return nil, ReasonMalformed, err.Error()
+	}
+	job.Stream = c.r.Stream
+	job.Deliveries = d.deliveries
+	return job, "", ""
+}
+
+// runEnd is how a job's run ended.
+type runEnd int
+
+const (
+	endSettled   runEnd = iota // settled, or the settlement was attempted
+	endShutdown                // given back at shutdown
+	endLeaseLost               // lost to another consumer
+)
+
+// work runs the job of d and settles it. crashed, when not empty, is the
+// error of a job that must be dead-lettered with reason crashed instead of
+// running (see suspect.go).
+func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string) runEnd {
+	defer close(t.done)
+	defer t.cancel(nil)
+	job, reason, deadError := c.decode(d)
+	if crashed != "" && reason == "" {
+		reason, deadError = ReasonCrashed, crashed
+	}
+	c.mu.Lock()
+	t.job = job
+	t.finished = reason != ""
+	if reason == "" {
+		t.start = time.Now()
+	}
+	c.mu.Unlock()
+	if reason != "" {
+		attempts := d.deliveries
+		if job != nil {
+			attempts = job.Attempt + 1
+		}
+		c.settleDead(ctx, d.id, d.fields, reason, errors.New(deadError), attempts, job)
+		c.mu.Lock()
+		delete(c.inflight, t.id)
+		c.mu.Unlock()
+		return endSettled
+	}
+	var stop context.CancelFunc = func() {}
+	if c.r.MaxRuntime > 0 {
+		ctx, stop = context.WithTimeout(ctx, c.r.MaxRuntime)
+	}
+	err := c.call(ctx, job)
+	stop()
+	cause := context.Cause(ctx)
+	c.mu.Lock()
+	t.finished = true
+	t.ran = time.Since(t.start)
+	c.mu.Unlock()
+	forget := true // leave the in-flight set now, or (acks) once acknowledged
+	defer func() {
+		if forget {
+			c.mu.Lock()
+			delete(c.inflight, t.id)
+			c.mu.Unlock()
+		}
+	}()
+	switch {
+	case errors.Is(cause, ErrLeaseLost):
+		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job's lease was lost to another consumer; not settling it here",
+			c.jobAttrs(t.id, job, t.ran, errKindLeaseLost, errText(err))...)
+		return endLeaseLost
+	case err == nil && t.suspect:
+		// A suspect is acknowledged before the next one starts.
+		forget = false
+		c.flushAcks([]ackItem{{id: t.id}})
+	case err == nil:
+		// The job stays in the in-flight set until the ack loop has
+		// acknowledged it, so that this consumer's own sweep cannot start
+		// it again in between.
+		forget = !c.queueAck(ackItem{id: t.id})
+	case errors.Is(cause, ErrShutdown):
+		c.giveBack([]string{t.id})
+		return endShutdown
+	default:
+		c.settleError(ctx, job, d, err)
+	}
+	return endSettled
+}
+
+// call runs the handler chain, turning a panic into a *PanicError.
+func (c *Consumer) call(ctx context.Context, job *stream.Job) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return c.chain.Process(ctx, job)
+}
+
+// taskOf returns the task whose handler context is ctx, or nil.
+func taskOf(ctx context.Context) *task {
+	if ctx == nil {
+		return nil
+	}
+	t, _ := ctx.Value(jobKey{}).(*task)
+	return t
+}
+
+// handlerTime returns how long t's handler ran, or has run so far; 0 if it
+// has not started. Call it with Consumer.mu held, or from t's goroutine.
+func (t *task) handlerTime() time.Duration {
+	switch {
+	case t == nil || t.start.IsZero():
+		return 0
+	case t.finished:
+		return t.ran
+	}
+	return time.Since(t.start)
+}
