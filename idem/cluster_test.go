@@ -17,6 +17,6 @@ func TestRedisStore_cluster(t *testing.T) {
 	}
 	t.Parallel()
 	cc := redistest.StartCluster(t, 3).Client(t)
-	store := idem.NewRedisStore(cc, idem.RedisConfig{Prefix: redistest.Name(t) + ":"})
+	store := idem.NewRedisStore(cc, idem.RedisConfig{})
 	idemtest.Run(t, func(t *testing.T) idem.Store { return store })
 }

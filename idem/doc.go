@@ -53,6 +53,13 @@
 // completed record, at least once per key: an effect made by a worker that
 // dies before Complete is repeated by the next owner.
 //
+// Keys: a store keeps each record under the key it is given, and adds
+// nothing to it (RedisStore's Redis key is the key itself). Who shares a
+// record is decided by whoever names the key: middleware.Idempotency names
+// it after the job's queue by default ("{orders}:idem:invoice-1"), so two
+// queues never share records, and shares them across queues only under an
+// explicit IdempotencyConfig.Prefix.
+//
 // The package is a leaf: it imports go-redis and database/sql, never
 // consumer, stream or middleware. The middleware package adapts it
 // (middleware.Idempotency).

@@ -25,12 +25,15 @@ func ExampleRedisStore() {
 	store := idem.NewRedisStore(rdb, idem.RedisConfig{})
 	ctx := context.Background()
 
-	o, _ := store.Begin(ctx, "order-7", "worker-a", time.Minute)
+	// The key is the record's Redis key: here the one middleware.Idempotency
+	// uses for idempotency_key "order-7" of queue "orders".
+	const key = "{orders}:idem:order-7"
+	o, _ := store.Begin(ctx, key, "worker-a", time.Minute)
 	fmt.Println("a:", o.Status)
-	o, _ = store.Begin(ctx, "order-7", "worker-b", time.Minute)
+	o, _ = store.Begin(ctx, key, "worker-b", time.Minute)
 	fmt.Println("b:", o.Status, "owned by", o.Owner)
-	_ = store.Complete(ctx, "order-7", "worker-a", []byte("receipt-1"))
-	o, _ = store.Begin(ctx, "order-7", "worker-b", time.Minute)
+	_ = store.Complete(ctx, key, "worker-a", []byte("receipt-1"))
+	o, _ = store.Begin(ctx, key, "worker-b", time.Minute)
 	fmt.Printf("b: %v %s\n", o.Status, o.Result)
 	// Output:
 	// a: started

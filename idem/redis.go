@@ -11,8 +11,6 @@ import (
 
 // Defaults of [RedisConfig] and [SQLConfig].
 const (
-	// DefaultPrefix starts the Redis key of every record.
-	DefaultPrefix = "pelican:idem:"
 	// DefaultRetention is how long completed and failed records are kept.
 	DefaultRetention = 7 * 24 * time.Hour
 	// DefaultTable is the SQL store's table.
@@ -37,16 +35,17 @@ var (
 
 // RedisConfig configures [NewRedisStore].
 type RedisConfig struct {
-	// Prefix starts the Redis key of every record (the record of key k is
-	// Prefix+k). Defaults to [DefaultPrefix].
-	Prefix string
 	// Retention is how long completed and failed records are kept (their
 	// TTL). Defaults to [DefaultRetention].
 	Retention time.Duration
 }
 
 // RedisStore is a [Store] in Redis: one hash per key holding status, owner,
-// result and reason. A processing record's TTL is its lease, a finished
+// result and reason. The record of key k is the Redis key k itself:
+// middleware.Idempotency gives keys in the job's queue namespace
+// ("{orders}:idem:invoice-1", in the stream's cluster slot), or under the
+// prefix its configuration shares across queues. A processing record's TTL
+// is its lease, a finished
 // record's TTL the retention, so Redis expires both and nothing needs
 // purging. Every operation is one Lua script on one key, so the store works
 // on Redis Cluster. Records must not be evicted: run Redis with
@@ -54,19 +53,15 @@ type RedisConfig struct {
 // on miniredis they pass only when the test moves its clock (FastForward).
 type RedisStore struct {
 	rdb       redis.UniversalClient
-	prefix    string
 	retention time.Duration
 }
 
 // NewRedisStore returns a RedisStore on rdb.
 func NewRedisStore(rdb redis.UniversalClient, cfg RedisConfig) *RedisStore {
-	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultPrefix
-	}
 	if cfg.Retention <= 0 {
 		cfg.Retention = DefaultRetention
 	}
-	return &RedisStore{rdb: rdb, prefix: cfg.Prefix, retention: cfg.Retention}
+	return &RedisStore{rdb: rdb, retention: cfg.Retention}
 }
 
 // Retention returns how long finished records are kept.
@@ -80,7 +75,7 @@ func (s *RedisStore) Begin(ctx context.Context, key, owner string, lease time.Du
 	if err := checkLease(lease); err != nil {
 		return Outcome{}, err
 	}
-	v, err := beginScript.Run(ctx, s.rdb, []string{s.prefix + key}, owner, lease.Milliseconds()).Slice()
+	v, err := beginScript.Run(ctx, s.rdb, []string{key}, owner, lease.Milliseconds()).Slice()
 	if err != nil {
 		return Outcome{}, fmt.Errorf("idem: begin %q: %w", key, err)
 	}
@@ -128,7 +123,7 @@ func (s *RedisStore) finish(ctx context.Context, key, owner, status, field strin
 	if err := checkArgs(key, owner); err != nil {
 		return err
 	}
-	n, err := finishScript.Run(ctx, s.rdb, []string{s.prefix + key},
+	n, err := finishScript.Run(ctx, s.rdb, []string{key},
 		owner, status, field, val, max(s.retention.Milliseconds(), 1)).Int()
 	if err != nil {
 		return fmt.Errorf("idem: %s %q: %w", status, key, err)
@@ -144,7 +139,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner string) error {
 	if err := checkArgs(key, owner); err != nil {
 		return err
 	}
-	n, err := releaseScript.Run(ctx, s.rdb, []string{s.prefix + key}, owner).Int()
+	n, err := releaseScript.Run(ctx, s.rdb, []string{key}, owner).Int()
 	if err != nil {
 		return fmt.Errorf("idem: release %q: %w", key, err)
 	}
@@ -159,7 +154,7 @@ func (s *RedisStore) Forget(ctx context.Context, key string, status Status) (boo
 	if err := checkForget(key, status); err != nil {
 		return false, err
 	}
-	n, err := forgetScript.Run(ctx, s.rdb, []string{s.prefix + key}, status.String()).Int()
+	n, err := forgetScript.Run(ctx, s.rdb, []string{key}, status.String()).Int()
 	if err != nil {
 		return false, fmt.Errorf("idem: forget %q: %w", key, err)
 	}

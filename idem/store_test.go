@@ -13,20 +13,47 @@ import (
 	"github.com/pelicanqueue/pelican/internal/redistest"
 )
 
-// redisSetup returns a RedisStore under a prefix of the test's own on the
-// shared Redis; its keys are deleted at the end of the test.
-func redisSetup(t *testing.T, cfg idem.RedisConfig) *idem.RedisStore {
+// redisSetup returns a RedisStore on the shared Redis whose keys are put
+// under a prefix of the test's own, deleted at the end of the test.
+func redisSetup(t *testing.T, cfg idem.RedisConfig) idem.Store {
 	t.Helper()
 	rdb := redistest.Shared(t)
-	cfg.Prefix = redistest.Name(t) + ":"
-	t.Cleanup(func() {
-		ctx := context.Background()
-		keys, _ := rdb.Keys(ctx, cfg.Prefix+"*").Result()
-		if len(keys) > 0 {
-			rdb.Del(ctx, keys...)
-		}
-	})
-	return idem.NewRedisStore(rdb, cfg)
+	return prefixed{idem.NewRedisStore(rdb, cfg), redistest.Prefix(t, rdb)}
+}
+
+// prefixed is a Store that puts every key of s under prefix p, as
+// middleware.Idempotency does with its queue's namespace.
+type prefixed struct {
+	s idem.Store
+	p string
+}
+
+func (s prefixed) Begin(ctx context.Context, key, owner string, lease time.Duration) (idem.Outcome, error) {
+	return s.s.Begin(ctx, s.key(key), owner, lease)
+}
+
+func (s prefixed) Complete(ctx context.Context, key, owner string, result []byte) error {
+	return s.s.Complete(ctx, s.key(key), owner, result)
+}
+
+func (s prefixed) Fail(ctx context.Context, key, owner, reason string) error {
+	return s.s.Fail(ctx, s.key(key), owner, reason)
+}
+
+func (s prefixed) Release(ctx context.Context, key, owner string) error {
+	return s.s.Release(ctx, s.key(key), owner)
+}
+
+func (s prefixed) Forget(ctx context.Context, key string, status idem.Status) (bool, error) {
+	return s.s.Forget(ctx, s.key(key), status)
+}
+
+// key keeps the empty key empty, so that the store still refuses it.
+func (s prefixed) key(k string) string {
+	if k == "" {
+		return ""
+	}
+	return s.p + k
 }
 
 // sqlSetup returns a SQLStore on a table of the test's own, dropped at the
@@ -59,6 +86,22 @@ func sqlSetup(t *testing.T, cfg idem.SQLConfig) *idem.SQLStore {
 func TestRedisStore_conformance(t *testing.T) {
 	t.Parallel()
 	idemtest.Run(t, func(t *testing.T) idem.Store { return redisSetup(t, idem.RedisConfig{}) })
+}
+
+// The record of key k is the Redis key k: the store adds no prefix, so the
+// key the middleware names (the queue's namespace) is where the record is.
+func TestRedisStore_key(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	key := "{" + redistest.Name(t) + "}:idem:invoice-1"
+	t.Cleanup(func() { rdb.Del(context.Background(), key) })
+	store := idem.NewRedisStore(rdb, idem.RedisConfig{})
+	if _, err := store.Begin(t.Context(), key, "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := rdb.HGet(t.Context(), key, "status").Result(); st != "processing" {
+		t.Errorf("Redis key %q has status %q, want the processing record", key, st)
+	}
 }
 
 func TestSQLStore_conformance(t *testing.T) {

@@ -80,7 +80,8 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		slot := keyslot.Of(name)
-		for _, k := range []string{keys.Stream, keys.Dead, keys.Delayed} {
+		for _, k := range []string{keys.Stream, keys.Dead, keys.Delayed, keys.Crashes + "1-0",
+			keys.Idem + "k", keys.Lock + "{k}", keys.Lock + "{k}:fence", keys.Rate + "k", keys.Limit + "k"} {
 			if got := keyslot.Of(k); got != slot {
 				t.Errorf("keyslot.Of(%q) = %d, want the stream's slot %d", k, got, slot)
 			}
@@ -825,40 +826,46 @@ func clusterField(m redis.XMessage, name string) string {
 	return s
 }
 
-// clusterMiddleware runs the Redis-backed middleware (rate limit,
-// distributed concurrency with a lease renewal) on the master of name's
-// slot: their keys carry name's hash tag.
+// clusterMiddleware runs the Redis-backed middleware (lock, idempotency,
+// rate limit, distributed concurrency with a lease renewal) with their
+// default configurations on a job of name: their keys are in the queue's
+// namespace, with the stream's hash tag, so every script runs on the master
+// of name's slot. It also drives lockx and the idem store directly in that
+// namespace (extend, TTL, release, forget).
 func clusterMiddleware(t *testing.T, cc *redis.ClusterClient, name string) {
 	t.Helper()
 	ctx := t.Context()
-	tag := "{" + strings.Trim(name, "{}") + "}"
-	if i := strings.Index(name, "}"); strings.HasPrefix(name, "{") && i > 0 {
-		tag = name[:i+1]
-	}
-	rl, err := middleware.NewRateLimiter(cc, middleware.RateLimitConfig{Rate: 100, Per: time.Second, Prefix: tag + ":rate:"})
-	clusterMust(t, "NewRateLimiter", err)
-	if ok, _, err := rl.Allow(ctx, "api"); err != nil || !ok {
-		t.Fatalf("RateLimiter.Allow on the cluster = %v, %v", ok, err)
-	}
+	keys, err := stream.KeysFor(name)
+	clusterMust(t, "KeysFor", err)
+	store := idem.NewRedisStore(cc, idem.RedisConfig{})
 	var ran bool
-	mw := middleware.DistributedConcurrency(cc, middleware.DistributedConcurrencyConfig{
-		Limit: 1, Lease: 60 * time.Millisecond, Prefix: tag + ":limit:",
-	})
-	h := mw(consumer.HandlerFunc(func(ctx context.Context, _ *stream.Job) error {
+	h := consumer.Chain(consumer.HandlerFunc(func(ctx context.Context, _ *stream.Job) error {
 		ran = true
-		select { // long enough for lease renewals (every Lease/3)
+		select { // long enough for lock and lease renewals (every TTL/3)
 		case <-time.After(150 * time.Millisecond):
 			return nil
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}
-	}))
-	if err := h.Process(ctx, &stream.Job{Type: "x"}); err != nil || !ran {
-		t.Fatalf("DistributedConcurrency on the cluster: ran %v, err %v", ran, err)
+	}),
+		middleware.Lock(cc, middleware.LockConfig{TTL: 60 * time.Millisecond}),
+		middleware.Idempotency(store, middleware.IdempotencyConfig{}),
+		middleware.RateLimit(cc, middleware.RateLimitConfig{Rate: 100, Per: time.Second}),
+		middleware.DistributedConcurrency(cc, middleware.DistributedConcurrencyConfig{Limit: 1, Lease: 60 * time.Millisecond}),
+	)
+	job := &stream.Job{ID: "mw-1", EntryID: "1-0", Stream: name, Type: "x", LockKey: "customer-7", IdempotencyKey: "invoice-1"}
+	if err := h.Process(ctx, job); err != nil || !ran {
+		t.Fatalf("middleware chain on the cluster: ran %v, err %v", ran, err)
+	}
+	// (The rate limiter's key expires within an emission interval.)
+	for _, k := range []string{keys.Lock + "{customer-7}:fence", keys.Idem + "invoice-1"} {
+		if n, err := cc.Exists(ctx, k).Result(); err != nil || n != 1 {
+			t.Errorf("key %q of the queue's namespace: exists %d, %v", k, n, err)
+		}
 	}
 
-	// lockx: the lock "pelican:lock:{<tag>}" lives on this master.
-	l, err := lockx.New(cc, lockx.Config{}).TryAcquire(ctx, strings.Trim(tag, "{}"), time.Second)
+	// lockx in the queue's namespace: "<tag>:lock:{customer-8}".
+	l, err := lockx.New(cc, lockx.Config{Prefix: keys.Lock}).TryAcquire(ctx, "customer-8", time.Second)
 	clusterMust(t, "lockx TryAcquire", err)
 	clusterMust(t, "lockx Extend", l.Extend(ctx, 2*time.Second))
 	if ttl, err := l.TTL(ctx); err != nil || ttl <= time.Second {
@@ -867,16 +874,15 @@ func clusterMiddleware(t *testing.T, cc *redis.ClusterClient, name string) {
 	clusterMust(t, "lockx Release", l.Release(ctx))
 
 	// idem: records "<tag>:idem:<key>" live on this master.
-	store := idem.NewRedisStore(cc, idem.RedisConfig{Prefix: tag + ":idem:"})
 	for _, key := range []string{"done", "released"} {
-		out, err := store.Begin(ctx, key, "owner-1", time.Second)
+		out, err := store.Begin(ctx, keys.Idem+key, "owner-1", time.Second)
 		if err != nil || out.Status != idem.StatusStarted {
 			t.Fatalf("idem Begin(%s) on the cluster = %+v, %v", key, out, err)
 		}
 	}
-	clusterMust(t, "idem Complete", store.Complete(ctx, "done", "owner-1", []byte("ok")))
-	clusterMust(t, "idem Release", store.Release(ctx, "released", "owner-1"))
-	if ok, err := store.Forget(ctx, "done", idem.StatusCompleted); err != nil || !ok {
+	clusterMust(t, "idem Complete", store.Complete(ctx, keys.Idem+"done", "owner-1", []byte("ok")))
+	clusterMust(t, "idem Release", store.Release(ctx, keys.Idem+"released", "owner-1"))
+	if ok, err := store.Forget(ctx, keys.Idem+"done", idem.StatusCompleted); err != nil || !ok {
 		t.Fatalf("idem Forget(done, completed) on the cluster = %v, %v; want true", ok, err)
 	}
 }

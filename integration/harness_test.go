@@ -396,7 +396,12 @@ func newScenario(t testing.TB, rdb *redis.Client, addr string) *scenario {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { rdb.Del(context.Background(), keys.Stream, keys.Dead, keys.Delayed) })
+	t.Cleanup(func() {
+		// The stream, and its namespace: dead letters, delayed jobs, crash
+		// counters, locks, idempotency records, limits.
+		rdb.Del(context.Background(), keys.Stream)
+		redistest.DeleteKeys(rdb, "{"+name+"}:*")
+	})
 	return &scenario{t: t, rdb: rdb, addr: addr, stream: name, keys: keys,
 		ledger: filepath.Join(t.TempDir(), "ledger")}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/internal/pgtest"
+	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -95,7 +96,7 @@ func idemWorkerMain() int {
 		}
 		store = sqlStore
 	} else {
-		store = idem.NewRedisStore(rdb, idem.RedisConfig{Prefix: env("PI_PREFIX")})
+		store = idem.NewRedisStore(rdb, idem.RedisConfig{})
 	}
 	biz := env("PI_BIZ")
 	seed, _ := strconv.ParseUint(env("PI_SEED"), 10, 64)
@@ -250,14 +251,15 @@ func idemCount(events []idemEvent, event string) int {
 }
 
 // idemScenario is a stream, a ledger, and either a SQL store (idempotency
-// and business tables of the test's own) or a Redis key prefix.
+// and business tables of the test's own) or the Redis store, whose records
+// are in the stream's namespace.
 type idemScenario struct {
 	*scenario
 	db     *sql.DB
 	store  idem.Store
 	table  string // idempotency table ("" for the Redis store)
 	biz    string // business table
-	prefix string // Redis store prefix
+	prefix string // of the record keys: the queue's namespace, as the middleware's default
 	ledger string
 }
 
@@ -265,16 +267,10 @@ func newIdemScenario(t *testing.T, useSQL bool) *idemScenario {
 	t.Helper()
 	s := &idemScenario{scenario: newScenario(t, nil, "")}
 	s.ledger = filepath.Join(t.TempDir(), "idem-ledger")
+	s.prefix = s.keys.Idem
 	if !useSQL {
-		s.prefix = s.stream + ":idem:"
-		s.store = idem.NewRedisStore(s.rdb, idem.RedisConfig{Prefix: s.prefix})
-		t.Cleanup(func() {
-			ctx := context.Background()
-			keys, _ := s.rdb.Keys(ctx, s.prefix+"*").Result()
-			if len(keys) > 0 {
-				s.rdb.Del(ctx, keys...)
-			}
-		})
+		s.store = idem.NewRedisStore(s.rdb, idem.RedisConfig{})
+		t.Cleanup(func() { redistest.DeleteKeys(s.rdb, s.prefix+"*") })
 		return s
 	}
 	s.db = pgtest.Open(t)
@@ -316,7 +312,7 @@ func (s *idemScenario) worker(name string, o idemWorkerOpts) *worker {
 	s.t.Helper()
 	return startSubprocess(s.t, "idemworker",
 		"PI_ADDR="+s.addr, "PI_STREAM="+s.stream, "PI_CONSUMER="+name, "PI_LEDGER="+s.ledger,
-		"PI_TABLE="+s.table, "PI_BIZ="+s.biz, "PI_PREFIX="+s.prefix,
+		"PI_TABLE="+s.table, "PI_BIZ="+s.biz,
 		"PI_LEASE="+o.Lease.String(), "PI_VISIBILITY="+o.Visibility.String(),
 		"PI_CONCURRENCY="+strconv.Itoa(cmp.Or(o.Concurrency, 8)),
 		"PI_SEED="+strconv.FormatUint(o.Seed, 10), "PI_CRASH_RATE="+strconv.FormatFloat(o.CrashRate, 'f', -1, 64))
@@ -534,7 +530,7 @@ func TestIdem_CrashedWorkersRecordTakenOver(t *testing.T) {
 				return false, "worker a has not started the job"
 			})
 			a.kill()
-			o, err := s.store.Begin(context.Background(), "op", "probe", time.Minute)
+			o, err := s.store.Begin(context.Background(), s.prefix+"op", "probe", time.Minute)
 			if err != nil || o.Status != idem.StatusInProgress {
 				t.Fatalf("record after the crash = %+v, %v; want in progress", o, err)
 			}
@@ -562,7 +558,7 @@ func TestIdem_CrashedWorkersRecordTakenOver(t *testing.T) {
 			if idemCount(ev, "snooze") == 0 {
 				t.Fatalf("b was never snoozed: it did not meet a's record in progress")
 			}
-			if o, _ := s.store.Begin(context.Background(), "op", "probe2", time.Minute); o.Status != idem.StatusCompleted || o.Owner != bEffect.Owner {
+			if o, _ := s.store.Begin(context.Background(), s.prefix+"op", "probe2", time.Minute); o.Status != idem.StatusCompleted || o.Owner != bEffect.Owner {
 				t.Fatalf("record = %+v, want completed by b (%s)", o, bEffect.Owner)
 			}
 			if s.db != nil {

@@ -253,7 +253,7 @@ func lockWorkerMain() int {
 		Concurrency:       4,
 		PromoteInterval:   50 * time.Millisecond,
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
-	}).Use(middleware.Lock(lockx.New(rdb, lockx.Config{Prefix: prefix + "lock:"}), middleware.LockConfig{
+	}).Use(middleware.Lock(rdb, middleware.LockConfig{ // locks in the queue's namespace
 		TTL:           lockEnvDur("LW_TTL"),
 		ConflictDelay: 100 * time.Millisecond,
 	})).Handle(handler)
@@ -269,13 +269,14 @@ func lockWorkerMain() int {
 	return 0
 }
 
-// lockScenario is a stream with group "g", a key prefix for the locks and
-// the ledger, and lock-worker processes.
+// lockScenario is a stream with group "g" (its locks are in its namespace),
+// a key prefix for the ledger, and lock-worker processes.
 type lockScenario struct {
 	t      *testing.T
 	rdb    *redis.Client
 	stream string
-	prefix string
+	prefix string // of the ledger and events
+	locks  string // the lockx prefix of the queue's locks
 }
 
 func newLockScenario(t *testing.T) *lockScenario {
@@ -286,8 +287,10 @@ func newLockScenario(t *testing.T) *lockScenario {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.locks = keys.Lock
 	t.Cleanup(func() {
-		rdb.Del(context.Background(), keys.Stream, keys.Dead, keys.Delayed)
+		rdb.Del(context.Background(), keys.Stream)
+		redistest.DeleteKeys(rdb, "{"+s.stream+"}:*") // dead letters, delayed jobs, locks
 		lockCleanup(rdb, s.prefix)
 	})
 	if err := rdb.XGroupCreateMkStream(t.Context(), s.stream, "g", "0").Err(); err != nil {
@@ -379,7 +382,7 @@ func TestLock_renewal(t *testing.T) {
 	a := s.worker("a", ttl, 600*time.Millisecond, 5*ttl)
 	s.enqueue("K")
 	s.waitEvent("start a 1 1", 10*time.Second)
-	probe := lockx.New(s.rdb, lockx.Config{Prefix: s.prefix + "lock:"})
+	probe := lockx.New(s.rdb, lockx.Config{Prefix: s.locks})
 	probes := 0
 	for !slices.ContainsFunc(s.events(), func(e string) bool { return strings.HasPrefix(e, "write a") }) {
 		if l, err := probe.TryAcquire(t.Context(), "K", time.Minute); !errors.Is(err, lockx.ErrNotObtained) {

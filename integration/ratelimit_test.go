@@ -56,7 +56,7 @@ func rateMode() int {
 	// Load the script before the start, so both processes begin at once.
 	l, err := middleware.NewRateLimiter(rdb, cfg)
 	if err == nil {
-		_, _, err = l.Allow(ctx, "warm-up")
+		_, _, err = l.Allow(ctx, cfg.Prefix+"warm-up")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "PW_RL warm-up:", err)

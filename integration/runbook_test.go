@@ -21,8 +21,6 @@ import (
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/dlq"
 	"github.com/pelicanqueue/pelican/idem"
-	"github.com/pelicanqueue/pelican/internal/redistest"
-	"github.com/pelicanqueue/pelican/lockx"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/middleware/tracing"
 	"github.com/pelicanqueue/pelican/stream"
@@ -39,7 +37,7 @@ import (
 // runbookQueue is a consumer with the full chain on a stream of its own.
 type runbookQueue struct {
 	s      *scenario
-	prefix string // idempotency records' key prefix
+	prefix string // idempotency records' key prefix: the queue's namespace
 	store  *idem.RedisStore
 	exp    *tracetest.InMemoryExporter
 	fixed  atomic.Bool // the handler's fix is deployed
@@ -57,10 +55,9 @@ const (
 func startRunbookQueue(t *testing.T) *runbookQueue {
 	t.Helper()
 	s := newScenario(t, nil, "")
-	base := redistest.Prefix(t, s.rdb)
-	q := &runbookQueue{s: s, prefix: base + "idem:", exp: tracetest.NewInMemoryExporter(),
+	q := &runbookQueue{s: s, prefix: s.keys.Idem, exp: tracetest.NewInMemoryExporter(),
 		runs: map[string]int{}}
-	q.store = idem.NewRedisStore(s.rdb, idem.RedisConfig{Prefix: q.prefix, Retention: time.Hour})
+	q.store = idem.NewRedisStore(s.rdb, idem.RedisConfig{Retention: time.Hour})
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(q.exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	tcfg := tracing.Config{TracerProvider: tp, Group: "g", MaxAttempts: runbookAttempts}
@@ -88,7 +85,7 @@ func startRunbookQueue(t *testing.T) *runbookQueue {
 		Logger: slog.New(slog.DiscardHandler),
 	}).Use(
 		tracing.Middleware(tcfg),
-		middleware.Lock(lockx.New(s.rdb, lockx.Config{Prefix: base + "lock:"}), middleware.LockConfig{TTL: 10 * time.Second}),
+		middleware.Lock(s.rdb, middleware.LockConfig{TTL: 10 * time.Second}),
 		middleware.Idempotency(q.store, middleware.IdempotencyConfig{Lease: time.Minute}),
 		middleware.Retry(middleware.RetryConfig{MaxAttempts: runbookAttempts,
 			Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, Jitter: middleware.JitterNone}}),
@@ -150,12 +147,12 @@ func (q *runbookQueue) state(job *stream.Job) (runs int, dead []string) {
 func (q *runbookQueue) record(t *testing.T, job *stream.Job) idem.Status {
 	t.Helper()
 	ctx := context.Background()
-	o, err := q.store.Begin(ctx, job.IdempotencyKey, "probe", time.Minute)
+	o, err := q.store.Begin(ctx, q.prefix+job.IdempotencyKey, "probe", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o.Status == idem.StatusStarted {
-		if err := q.store.Release(ctx, job.IdempotencyKey, "probe"); err != nil {
+		if err := q.store.Release(ctx, q.prefix+job.IdempotencyKey, "probe"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -289,7 +286,7 @@ func TestRunbook_replayWithPackageDLQ(t *testing.T) {
 		o := dlq.ReplayOptions{}
 		if forget {
 			o.BeforeMove = func(ctx context.Context, e dlq.Entry) error {
-				_, err := q.store.Forget(ctx, middleware.IdempotencyKey(e.Job, middleware.MissingUseJobID), idem.StatusFailed)
+				_, err := q.store.Forget(ctx, q.prefix+middleware.IdempotencyKey(e.Job, middleware.MissingUseJobID), idem.StatusFailed)
 				return err
 			}
 		}
@@ -309,7 +306,7 @@ func TestRunbook_replayWithCLI(t *testing.T) {
 			args = append(args, "--reason", r)
 		}
 		if forget {
-			args = append(args, "--forget-failed-idempotency", "--idempotency-prefix", q.prefix)
+			args = append(args, "--forget-failed-idempotency") // the default: the queue's namespace
 		}
 		out, err := exec.Command(cli, args...).CombinedOutput()
 		if err != nil {

@@ -10,11 +10,18 @@ import (
 )
 
 // On Redis Cluster, keys with braces and colons acquire, extend, renew and
-// release without CROSSSLOT: the lock and its fencing counter share a slot.
+// release without CROSSSLOT: the lock and its fencing counter share a slot,
+// with the default prefix (the key's slot) and with a prefix with a hash tag
+// (the tag's slot, as the middleware's per-queue locks).
 func TestClient_cluster(t *testing.T) {
 	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
-	c := lockx.New(cl.Client(t), lockx.Config{})
+	for _, prefix := range []string{"", "{orders}:lock:"} {
+		clusterLocks(t, lockx.New(cl.Client(t), lockx.Config{Prefix: prefix}))
+	}
+}
+
+func clusterLocks(t *testing.T, c *lockx.Client) {
 	ctx := t.Context()
 	for _, key := range []string{"customer:7", "a}b", "x{y", "{tag}:z", "{{a}}", "job:1:{2}:3", "ü"} {
 		l, err := c.TryAcquire(ctx, key, 300*time.Millisecond)

@@ -34,10 +34,18 @@
 // The lock of key k is Config.Prefix + "{" + k + "}" and its fencing counter
 // the same followed by ":fence". Both share their hash tag (the text from
 // the first '{' to the next '}'), so each script touches one slot and works
-// on Redis Cluster. Keys that would give the two different slots (an empty
-// key, one starting with '}') are refused with [ErrInvalidKey]. The fencing
-// counter has no TTL, so that tokens never go back: it is one small key per
-// lock key ever used.
+// on Redis Cluster. Without a hash tag in the prefix (the default,
+// "pelican:lock:"), the braces around k are the tag: each lock hashes by its
+// key, and locks spread over the cluster. With a hash tag in the prefix
+// ("{orders}:lock:", the default of middleware.Lock: one namespace per
+// queue), the prefix's tag decides the slot of every lock of the Client;
+// the braces around k then only delimit it, so that no key can name another
+// key's fencing counter (the lock "k:fence" is "{orders}:lock:{k:fence}",
+// the counter of "k" is "{orders}:lock:{k}:fence"). Keys that would give the
+// lock and its counter different slots (an empty key; under a prefix
+// without a tag, a key starting with '}') are refused with [ErrInvalidKey],
+// before Redis is asked. The fencing counter has no TTL, so that tokens
+// never go back: it is one small key per lock key ever used.
 //
 // Redis replication is asynchronous: a failover can lose a lock that was
 // just taken. Fencing tokens stay safe only if the counter is not rolled

@@ -55,9 +55,22 @@ var (
 
 // Config configures a [Client].
 type Config struct {
-	// Prefix starts the Redis key of every lock. It must not contain '{'
-	// or '}'. Defaults to [DefaultPrefix].
+	// Prefix starts the Redis key of every lock: the lock of key k is
+	// Prefix + "{" + k + "}". Without a hash tag, each lock hashes by its
+	// key k and locks spread over a Redis Cluster. With a hash tag (the
+	// middleware's per-queue prefix "{orders}:lock:"), every lock of the
+	// Client lives in that tag's slot, beside the queue. Braces that form no
+	// hash tag ("a{b", "x}", "{}") are refused. Defaults to [DefaultPrefix].
 	Prefix string
+}
+
+// Validate returns an error naming Config.Prefix if its braces form no hash
+// tag. The zero Config is valid.
+func (c Config) Validate() error {
+	if _, ok := keyslot.Tag(c.Prefix); !ok && strings.ContainsAny(c.Prefix, "{}") {
+		return fmt.Errorf("lockx: Config.Prefix (%q) has braces that form no hash tag; use a prefix without braces or with a non-empty {tag}", c.Prefix)
+	}
+	return nil
 }
 
 // Client takes locks on one Redis (single node, Sentinel or Cluster). It is
@@ -67,23 +80,28 @@ type Client struct {
 	prefix string
 }
 
-// New returns a Client of rdb. It panics if cfg.Prefix contains '{' or '}'.
+// New returns a Client of rdb. It panics if cfg is invalid
+// ([Config.Validate]).
 func New(rdb redis.UniversalClient, cfg Config) *Client {
+	if err := cfg.Validate(); err != nil {
+		panic(err.Error())
+	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
-	}
-	if strings.ContainsAny(cfg.Prefix, "{}") {
-		panic(fmt.Sprintf("lockx: Config.Prefix (%q) must not contain '{' or '}'", cfg.Prefix))
 	}
 	return &Client{rdb: rdb, prefix: cfg.Prefix}
 }
 
 // keys returns the Redis keys of key's lock and fencing counter.
 func (c *Client) keys(key string) (lock, fence string, err error) {
+	if key == "" {
+		return "", "", fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
 	lock = c.prefix + "{" + key + "}"
 	fence = lock + ":fence"
-	if key == "" || keyslot.Of(lock) != keyslot.Of(fence) {
-		return "", "", fmt.Errorf("%w: %q", ErrInvalidKey, key)
+	if keyslot.Of(lock) != keyslot.Of(fence) {
+		return "", "", fmt.Errorf("%w %q: its lock and fencing counter would hash to different cluster slots under the prefix %q (a key starting with '}' under a prefix without a hash tag)",
+			ErrInvalidKey, key, c.prefix)
 	}
 	return lock, fence, nil
 }

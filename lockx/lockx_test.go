@@ -3,12 +3,14 @@ package lockx_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelicanqueue/pelican/internal/keyslot"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/lockx"
 )
@@ -357,12 +359,62 @@ func TestContext(t *testing.T) {
 	}
 }
 
-func TestNew_badPrefix(t *testing.T) {
+func TestConfig_Validate(t *testing.T) {
 	t.Parallel()
-	defer func() {
-		if recover() == nil {
-			t.Error("New accepted a prefix with '{'")
+	for _, prefix := range []string{"", "pelican:lock:", "{orders}:lock:", "{shop}:orders:lock:", "}{a}:"} {
+		if err := (lockx.Config{Prefix: prefix}).Validate(); err != nil {
+			t.Errorf("Validate(Prefix %q) = %v, want nil", prefix, err)
 		}
-	}()
-	lockx.New(nil, lockx.Config{Prefix: "a{b"})
+	}
+	for _, prefix := range []string{"a{b", "x}", "{}", "{}{a}:"} {
+		err := (lockx.Config{Prefix: prefix}).Validate()
+		if err == nil || !strings.Contains(err.Error(), "Config.Prefix") {
+			t.Errorf("Validate(Prefix %q) = %v, want an error naming Config.Prefix", prefix, err)
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("New accepted Prefix %q", prefix)
+				}
+			}()
+			lockx.New(nil, lockx.Config{Prefix: prefix})
+		}()
+	}
+}
+
+// With a hash tag in the prefix, every lock and its fencing counter live in
+// the tag's slot, whatever braces the key has, and a key can never name
+// another key's fencing counter.
+func TestClient_taggedPrefix(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	tag := redistest.Name(t)
+	prefix := "{" + tag + "}:lock:"
+	t.Cleanup(func() { redistest.DeleteKeys(rdb, "{"+tag+"}*") })
+	c := lockx.New(rdb, lockx.Config{Prefix: prefix})
+	ctx := t.Context()
+	for _, key := range []string{"k", "}x", "{y}", "a}b", "k}:fence", "k:fence"} {
+		l, err := c.TryAcquire(ctx, key, time.Minute)
+		if err != nil {
+			t.Fatalf("TryAcquire(%q): %v", key, err)
+		}
+		if v, _ := rdb.Get(ctx, prefix+"{"+key+"}").Result(); v != l.Token() {
+			t.Errorf("%q: lock key %q holds %q, want the token", key, prefix+"{"+key+"}", v)
+		}
+		if n, _ := rdb.Get(ctx, prefix+"{"+key+"}:fence").Int64(); n != l.Fence() || n != 1 {
+			t.Errorf("%q: fencing counter %d, lock fence %d; want 1", key, n, l.Fence())
+		}
+	}
+	if _, err := c.TryAcquire(ctx, "", time.Second); !errors.Is(err, lockx.ErrInvalidKey) {
+		t.Errorf("empty key: %v, want ErrInvalidKey", err)
+	}
+	keys, err := rdb.Keys(ctx, "{"+tag+"}*").Result()
+	if err != nil || len(keys) != 12 {
+		t.Fatalf("keys under the tag: %q, %v; want 6 locks and 6 counters", keys, err)
+	}
+	for _, k := range keys {
+		if got := keyslot.Of(k); got != keyslot.Of(tag) {
+			t.Errorf("key %q is in slot %d, not the tag's", k, got)
+		}
+	}
 }

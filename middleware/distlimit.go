@@ -21,9 +21,6 @@ const (
 	// DefaultDistributedConcurrencyLease is how long a slot is held without
 	// renewal.
 	DefaultDistributedConcurrencyLease = 30 * time.Second
-	// DefaultDistributedConcurrencyPrefix starts the Redis key of every
-	// limit key.
-	DefaultDistributedConcurrencyPrefix = "pelican:limit:"
 )
 
 // distReleaseTimeout bounds the release of a slot after the handler returns.
@@ -58,8 +55,14 @@ type DistributedConcurrencyConfig struct {
 	// Limit is how many jobs of one key may run at once across every
 	// process sharing the Redis. Required.
 	Limit int
-	// Prefix starts the Redis key of every limit key. Defaults to
-	// [DefaultDistributedConcurrencyPrefix].
+	// Prefix starts the Redis key of every limit key: the slots of key k
+	// are the sorted set Prefix + k. Defaults to the namespace of the job's
+	// queue, stream.KeysFor(job.Stream).Limit ("{orders}:limit:"): each
+	// queue has its own limits, in its stream's cluster slot. Set it to
+	// share limits across queues on purpose (one pool of connections to a
+	// downstream that several queues use): every queue whose
+	// DistributedConcurrency has the same Prefix counts against the same
+	// Limit per key.
 	Prefix string
 	// SnoozeFor is how long a job that found every slot held is snoozed,
 	// jittered to between 0.75 and 1.25 times. Defaults to
@@ -68,7 +71,8 @@ type DistributedConcurrencyConfig struct {
 }
 
 // DistributedConcurrency returns a middleware that lets at most cfg.Limit
-// jobs of each key run at once across every process sharing rdb.
+// jobs of each key of a queue run at once across every process sharing rdb.
+// Limits are per queue unless cfg.Prefix shares them.
 //
 // Each key is a sorted set of lease holders scored by lease expiry in Redis
 // TIME. Taking a slot removes expired holders, then admits the job if fewer
@@ -93,9 +97,6 @@ func DistributedConcurrency(rdb redis.UniversalClient, cfg DistributedConcurrenc
 	if cfg.Lease < 3*time.Millisecond {
 		panic(fmt.Sprintf("middleware: DistributedConcurrencyConfig.Lease (%v) must be at least 3ms", cfg.Lease))
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultDistributedConcurrencyPrefix
-	}
 	if cfg.SnoozeFor <= 0 {
 		cfg.SnoozeFor = DefaultConcurrencySnoozeFor
 	}
@@ -114,7 +115,11 @@ func DistributedConcurrency(rdb redis.UniversalClient, cfg DistributedConcurrenc
 			if k == "" {
 				return next.Process(ctx, job)
 			}
-			key := cfg.Prefix + k
+			prefix, err := namespace(cfg.Prefix, job, limitPrefix)
+			if err != nil {
+				return err
+			}
+			key := prefix + k
 			token := distToken()
 			ok, err := d.acquire(ctx, key, token)
 			if err != nil {
@@ -143,6 +148,9 @@ func DistributedConcurrency(rdb redis.UniversalClient, cfg DistributedConcurrenc
 		})
 	}
 }
+
+// limitPrefix picks the queue's concurrency limit namespace from its keys.
+func limitPrefix(k stream.Keys) string { return k.Limit }
 
 // distLimiter holds a DistributedConcurrency's normalised configuration.
 type distLimiter struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -263,10 +264,14 @@ func TestDistributedConcurrency_config(t *testing.T) {
 	defer rdb.Close()
 	h := middleware.DistributedConcurrency(rdb, middleware.DistributedConcurrencyConfig{Limit: 1})(
 		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error { return errors.New("ran") }))
-	err := h.Process(context.Background(), &stream.Job{Type: "x"})
+	err := h.Process(context.Background(), &stream.Job{Type: "x", Stream: "orders"})
 	var o *consumer.Outcome
-	if err == nil || errors.As(err, &o) || err.Error() == "ran" {
+	if err == nil || errors.As(err, &o) || err.Error() == "ran" || strings.Contains(err.Error(), "job.Stream") {
 		t.Fatalf("got %v, want the Redis error", err)
+	}
+	// Without a Prefix, a job must name its queue.
+	if err := h.Process(context.Background(), &stream.Job{Type: "x"}); err == nil || !strings.Contains(err.Error(), "job.Stream") {
+		t.Fatalf("a job without a stream: %v, want an error naming job.Stream", err)
 	}
 }
 
@@ -281,8 +286,8 @@ func eventually(t *testing.T, timeout time.Duration, cond func() bool) {
 	}
 }
 
-// At most one "export" job runs at once across every process sharing the
-// Redis; a second is snoozed.
+// At most one "export" job of queue "reports" runs at once across every
+// process sharing the Redis; a second is snoozed.
 func ExampleDistributedConcurrency() {
 	m, err := miniredis.Run()
 	if err != nil {
@@ -304,14 +309,16 @@ func ExampleDistributedConcurrency() {
 	})(export)
 
 	done := make(chan error)
-	go func() { done <- h.Process(context.Background(), &stream.Job{Type: "export"}) }()
+	job := &stream.Job{Type: "export", Stream: "reports"}
+	go func() { done <- h.Process(context.Background(), job) }()
 	<-started
-	err = h.Process(context.Background(), &stream.Job{Type: "export"})
+	err = h.Process(context.Background(), job)
 	var o *consumer.Outcome
 	fmt.Println("second job snoozed:", errors.As(err, &o) && !o.CountsAttempt())
 	close(release)
 	fmt.Println("first job:", <-done)
-	fmt.Println("holders left:", rdb.ZCard(context.Background(), "pelican:limit:type:export").Val())
+	// The slots of the queue's key type:export:
+	fmt.Println("holders left:", rdb.ZCard(context.Background(), "{reports}:limit:type:export").Val())
 	// Output:
 	// second job snoozed: true
 	// first job: <nil>

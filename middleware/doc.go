@@ -66,7 +66,7 @@
 // recommended chain is
 //
 //	c.Use(tracing,
-//		middleware.Lock(locker, lockCfg),
+//		middleware.Lock(rdb, lockCfg),
 //		middleware.Idempotency(store, idemCfg),
 //		middleware.Retry(retryCfg),
 //		middleware.DeadLetter(deadCfg),
@@ -88,6 +88,36 @@
 // that the time spent waiting for a slot is not counted against the handler,
 // while a breaker still sees timeouts as failures. A test (order_test.go)
 // records the entry and exit order of this chain on a real consumer.
+//
+// # Keys: one namespace per queue
+//
+// [Lock], [Idempotency], [RateLimit] and [DistributedConcurrency] keep their
+// keys in the namespace of the job's queue by default, derived from the
+// job's stream by stream.KeysFor and sharing its hash tag, as the
+// dead-letter and delayed keys do. For queue "orders":
+//
+//	{orders}:lock:{<key>}   locks (and {orders}:lock:{<key>}:fence)
+//	{orders}:idem:<key>     idempotency records (with a Redis store)
+//	{orders}:rate:<key>     rate limits
+//	{orders}:limit:<key>    distributed concurrency limits
+//
+// and for a stream "{shop}:orders", "{shop}:orders:lock:{<key>}" and so on.
+// So one middleware value, or one configuration, reused by two teams' queues
+// never lets a key of one queue act on the other: an "invoice-1" completed
+// in queue payments does not make queue orders skip its own "invoice-1",
+// their locks do not exclude each other, and each queue has its own rate
+// and concurrency budgets. Every key of a queue lives in its stream's
+// cluster slot, and one Redis ACL per team covers all of it
+// ("~orders ~{orders}:*").
+//
+// Sharing across queues is explicit: set the Prefix of the middleware's
+// configuration (LockConfig.Prefix, IdempotencyConfig.Prefix,
+// RateLimitConfig.Prefix, DistributedConcurrencyConfig.Prefix), and every
+// queue whose middleware has the same Prefix shares those keys (one budget
+// for a downstream API several queues call, one record per business
+// operation whichever queue it came through). Without a Prefix, a job must
+// carry its stream (the consumer sets job.Stream); a handler called outside
+// a consumer fails with an error naming job.Stream.
 //
 // The package imports consumer and stream; consumer never imports it.
 package middleware

@@ -64,6 +64,15 @@ type IdempotencyConfig struct {
 	// because its operation completed earlier (an idempotency hit), with the
 	// stored result. It must not block. Defaults to nil.
 	OnHit func(ctx context.Context, job *stream.Job, result []byte)
+	// Prefix starts the key of every record in the store: the record of a
+	// job is Prefix + its idempotency key ([IdempotencyKey]). Defaults to
+	// the namespace of the job's queue, stream.KeysFor(job.Stream).Idem
+	// ("{orders}:idem:"): an operation completed in one queue never makes
+	// another queue skip a job of the same key, and each record lives in
+	// its stream's cluster slot. Set it to share records across queues on
+	// purpose: every queue whose Idempotency has the same Prefix and store
+	// runs an operation of a given key once, whichever queue it came from.
+	Prefix string
 	// RetryHorizon, if positive, is checked against the store's retention
 	// when the store has a Retention() time.Duration method (both Pelican
 	// stores do): Idempotency panics unless the retention exceeds it, since
@@ -73,9 +82,10 @@ type IdempotencyConfig struct {
 }
 
 // Idempotency returns a middleware that runs each business operation, named
-// by the job's idempotency_key ([IdempotencyKey]), once, however many times
-// it is delivered or enqueued. For each job it begins the key's record in
-// store under a fresh owner token (the entry ID and random bytes) and then:
+// by the job's idempotency_key ([IdempotencyKey]), once per queue, however
+// many times it is delivered or enqueued. For each job it begins the key's
+// record in store (under the queue's namespace, or cfg.Prefix) with a fresh
+// owner token (the entry ID and random bytes) and then:
 //
 //   - completed earlier: returns nil without calling the next handler, so
 //     the job is acknowledged; OnHit gets the stored result;
@@ -161,6 +171,11 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 			if key == "" {
 				return next.Process(ctx, job)
 			}
+			prefix, err := namespace(cfg.Prefix, job, idemPrefix)
+			if err != nil {
+				return err
+			}
+			key = prefix + key
 			owner := idemOwner(job)
 			out, err := store.Begin(ctx, key, owner, cfg.Lease)
 			if err != nil {
@@ -176,7 +191,7 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 				return consumer.Snooze(concJitter(cfg.InProgressDelay))
 			case idem.StatusFailed:
 				return consumer.Dead(consumer.ReasonPermanent,
-					fmt.Errorf("%w: key %q: %s", idem.ErrFailed, key, out.Reason))
+					fmt.Errorf("%w: record %q: %s", idem.ErrFailed, key, out.Reason))
 			case idem.StatusStarted:
 			default:
 				return fmt.Errorf("middleware: idempotency begin %q: unknown status %v", key, out.Status)
@@ -205,7 +220,7 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 				cerr := store.Complete(sctx, key, owner, claim.Result())
 				if errors.Is(cerr, idem.ErrNotOwner) {
 					cfg.Logger.Warn("idempotency: record taken over before completion; the lease is shorter than the handler's run",
-						"job_id", job.ID, "idempotency_key", key, "lease", cfg.Lease)
+						"job_id", job.ID, "idempotency_key", job.IdempotencyKey, "record", key, "lease", cfg.Lease)
 					return consumer.Snooze(concJitter(cfg.InProgressDelay))
 				}
 				if cerr != nil {
@@ -216,7 +231,7 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 				return consumer.Snooze(concJitter(cfg.InProgressDelay))
 			case idemPermanent(herr):
 				if ferr := store.Fail(sctx, key, owner, idemTruncate(herr.Error())); ferr != nil {
-					cfg.Logger.Warn("idempotency: failing the record", "job_id", job.ID, "idempotency_key", key, "error", ferr)
+					cfg.Logger.Warn("idempotency: failing the record", "job_id", job.ID, "idempotency_key", job.IdempotencyKey, "record", key, "error", ferr)
 				}
 				return herr
 			default:
@@ -227,11 +242,16 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 	}
 }
 
+// idemPrefix picks the queue's idempotency namespace from its keys.
+func idemPrefix(k stream.Keys) string { return k.Idem }
+
 // IdempotencyKey returns the key under which [Idempotency] with policy
 // missing records job's operation: its idempotency_key, else under
-// [MissingUseJobID] its ID, else "" (the job runs without a record). Tools
-// that act on a job's record (pelican dlq replay) use it with
-// MissingUseJobID: a job without an idempotency_key has no other record.
+// [MissingUseJobID] its ID, else "" (the job runs without a record). The
+// record's key in the store is that key after IdempotencyConfig.Prefix
+// (by default the queue's stream.KeysFor(stream).Idem). Tools that act on a
+// job's record (pelican dlq replay) use it with MissingUseJobID: a job
+// without an idempotency_key has no other record.
 func IdempotencyKey(job *stream.Job, missing MissingKeyPolicy) string {
 	if job.IdempotencyKey != "" || missing != MissingUseJobID {
 		return job.IdempotencyKey
@@ -254,7 +274,7 @@ func idemPermanent(err error) bool {
 
 func idemRelease(ctx context.Context, log *slog.Logger, store idem.Store, job *stream.Job, key, owner string) {
 	if err := store.Release(ctx, key, owner); err != nil {
-		log.Warn("idempotency: releasing the record", "job_id", job.ID, "idempotency_key", key, "error", err)
+		log.Warn("idempotency: releasing the record", "job_id", job.ID, "idempotency_key", job.IdempotencyKey, "record", key, "error", err)
 	}
 }
 

@@ -14,8 +14,10 @@ import (
 	"github.com/pelicanqueue/pelican/stream"
 )
 
-// The same business operation enqueued three times runs once; the
-// duplicates are acknowledged as hits and see the stored result.
+// The same business operation enqueued three times in queue "payments" runs
+// once; the duplicates are acknowledged as hits and see the stored result.
+// The record is the queue's: a job of another queue with the same key runs
+// its own operation.
 func ExampleIdempotency() {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
@@ -41,13 +43,20 @@ func ExampleIdempotency() {
 		},
 	}))
 	for _, id := range []string{"a", "b", "c"} {
-		job := &stream.Job{ID: id, Type: "charge", IdempotencyKey: "order-7", EntryID: "1-0"}
+		job := &stream.Job{ID: id, Stream: "payments", Type: "charge", IdempotencyKey: "order-7", EntryID: "1-0"}
 		if err := h.Process(context.Background(), job); err != nil {
 			fmt.Println("error:", err)
 		}
+	}
+	fmt.Println("record:", rdb.HGet(context.Background(), "{payments}:idem:order-7", "status").Val())
+	job := &stream.Job{ID: "d", Stream: "refunds", Type: "charge", IdempotencyKey: "order-7", EntryID: "2-0"}
+	if err := h.Process(context.Background(), job); err != nil {
+		fmt.Println("error:", err)
 	}
 	// Output:
 	// charging order-7
 	// hit order-7 (b): receipt-1
 	// hit order-7 (c): receipt-1
+	// record: completed
+	// charging order-7
 }

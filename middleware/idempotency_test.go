@@ -16,22 +16,37 @@ import (
 	"github.com/pelicanqueue/pelican/stream"
 )
 
-// idemSetup returns a Redis idempotency store under a prefix of the test's
-// own on the shared Redis, and a counter of handler runs.
-func idemSetup(t *testing.T) *idem.RedisStore {
+// idemSetup returns a Redis idempotency store on the shared Redis and a
+// queue of the test's own, whose keys are deleted at the end of the test.
+func idemSetup(t *testing.T) (*idem.RedisStore, idemQueue) {
 	t.Helper()
 	rdb := redistest.Shared(t)
-	prefix := redistest.Prefix(t, rdb)
-	return idem.NewRedisStore(rdb, idem.RedisConfig{Prefix: prefix, Retention: time.Hour})
+	q := idemQueue(redistest.Name(t))
+	t.Cleanup(func() { redistest.DeleteKeys(rdb, "{"+string(q)+"}:*") })
+	return idem.NewRedisStore(rdb, idem.RedisConfig{Retention: time.Hour}), q
 }
 
+// idemQueue is a stream name.
+type idemQueue string
+
+// job returns a job of the queue with idempotency key key.
+func (q idemQueue) job(key string) *stream.Job {
+	j := idemJob(key)
+	j.Stream = string(q)
+	return j
+}
+
+// record returns the key of the record of idempotency key key.
+func (q idemQueue) record(key string) string { return "{" + string(q) + "}:idem:" + key }
+
+// idemJob returns a job of queue "orders" with idempotency key key.
 func idemJob(key string) *stream.Job {
-	return &stream.Job{ID: "job-" + key, Type: "t", IdempotencyKey: key, EntryID: "1-0"}
+	return &stream.Job{ID: "job-" + key, Type: "t", IdempotencyKey: key, EntryID: "1-0", Stream: "orders"}
 }
 
 func TestIdempotency_completedIsAHit(t *testing.T) {
 	t.Parallel()
-	store := idemSetup(t)
+	store, q := idemSetup(t)
 	var runs, hits atomic.Int64
 	var hitResult atomic.Value
 	h := middleware.Idempotency(store, middleware.IdempotencyConfig{
@@ -42,7 +57,7 @@ func TestIdempotency_completedIsAHit(t *testing.T) {
 	})(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 		runs.Add(1)
 		c, ok := idem.ClaimFromContext(ctx)
-		if !ok || c.Key != "op-1" || !strings.HasPrefix(c.Owner, job.EntryID+":") || c.Store != idem.Store(store) {
+		if !ok || c.Key != q.record("op-1") || !strings.HasPrefix(c.Owner, job.EntryID+":") || c.Store != idem.Store(store) {
 			t.Errorf("claim in ctx = %+v, %v", c, ok)
 		} else {
 			c.SetResult([]byte("receipt-42"))
@@ -52,7 +67,7 @@ func TestIdempotency_completedIsAHit(t *testing.T) {
 	ctx := context.Background()
 	for i := range 3 {
 		// Different job IDs, same business operation.
-		j := idemJob("op-1")
+		j := q.job("op-1")
 		j.ID = j.ID + string(rune('a'+i))
 		if err := h.Process(ctx, j); err != nil {
 			t.Fatalf("delivery %d: %v", i, err)
@@ -68,7 +83,7 @@ func TestIdempotency_completedIsAHit(t *testing.T) {
 
 func TestIdempotency_inProgressSnoozes(t *testing.T) {
 	t.Parallel()
-	store := idemSetup(t)
+	store, q := idemSetup(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int64
 	h := middleware.Idempotency(store, middleware.IdempotencyConfig{InProgressDelay: time.Second})(
@@ -80,9 +95,9 @@ func TestIdempotency_inProgressSnoozes(t *testing.T) {
 			return nil
 		}))
 	done := make(chan error, 1)
-	go func() { done <- h.Process(context.Background(), idemJob("op")) }()
+	go func() { done <- h.Process(context.Background(), q.job("op")) }()
 	<-entered
-	err := h.Process(context.Background(), idemJob("op"))
+	err := h.Process(context.Background(), q.job("op"))
 	d, ok := snoozeDelay(err)
 	if !ok || d < 750*time.Millisecond || d > 1250*time.Millisecond {
 		t.Fatalf("concurrent duplicate: %v, want a snooze of 0.75-1.25s", err)
@@ -91,7 +106,7 @@ func TestIdempotency_inProgressSnoozes(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Process(context.Background(), idemJob("op")); err != nil || runs.Load() != 1 {
+	if err := h.Process(context.Background(), q.job("op")); err != nil || runs.Load() != 1 {
 		t.Fatalf("after completion: %v, runs %d; want a hit", err, runs.Load())
 	}
 }
@@ -106,17 +121,17 @@ func TestIdempotency_permanentFailureFailsTheRecord(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			store := idemSetup(t)
+			store, q := idemSetup(t)
 			var runs atomic.Int64
 			h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
 				consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 					runs.Add(1)
 					return fail
 				}))
-			if err := h.Process(context.Background(), idemJob("op")); err != fail {
+			if err := h.Process(context.Background(), q.job("op")); err != fail {
 				t.Fatalf("first run returned %v, want the handler's error unchanged", err)
 			}
-			err := h.Process(context.Background(), idemJob("op"))
+			err := h.Process(context.Background(), q.job("op"))
 			var o *consumer.Outcome
 			if !errors.As(err, &o) || !o.IsDead() || o.Reason() != consumer.ReasonPermanent ||
 				!errors.Is(err, idem.ErrFailed) || !strings.Contains(err.Error(), "card declined") {
@@ -139,7 +154,7 @@ func TestIdempotency_deathWithoutVerdictReleases(t *testing.T) {
 	for _, reason := range []string{consumer.ReasonExhausted, consumer.ReasonPanic, middleware.ReasonExpired, "fraud_suspected"} {
 		t.Run(reason, func(t *testing.T) {
 			t.Parallel()
-			store := idemSetup(t)
+			store, q := idemSetup(t)
 			fail := consumer.Dead(reason, errors.New("smtp: timeout"))
 			var runs atomic.Int64
 			h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
@@ -149,14 +164,14 @@ func TestIdempotency_deathWithoutVerdictReleases(t *testing.T) {
 					}
 					return nil
 				}))
-			if err := h.Process(context.Background(), idemJob("op")); err != fail {
+			if err := h.Process(context.Background(), q.job("op")); err != fail {
 				t.Fatalf("first run returned %v, want the handler's error unchanged", err)
 			}
-			if o, _ := store.Begin(context.Background(), "op", "probe", time.Minute); o.Status != idem.StatusStarted {
+			if o, _ := store.Begin(context.Background(), q.record("op"), "probe", time.Minute); o.Status != idem.StatusStarted {
 				t.Fatalf("record after a death with reason %s: %v, want none (released)", reason, o.Status)
 			}
-			_ = store.Release(context.Background(), "op", "probe")
-			if err := h.Process(context.Background(), idemJob("op")); err != nil || runs.Load() != 2 {
+			_ = store.Release(context.Background(), q.record("op"), "probe")
+			if err := h.Process(context.Background(), q.job("op")); err != nil || runs.Load() != 2 {
 				t.Fatalf("next delivery: %v, runs %d; want a second run that completes", err, runs.Load())
 			}
 		})
@@ -169,7 +184,7 @@ func TestIdempotency_deathWithoutVerdictReleases(t *testing.T) {
 // completes, and only a permanent error fails the record.
 func TestIdempotency_exhaustedThroughRetry(t *testing.T) {
 	t.Parallel()
-	store := idemSetup(t)
+	store, q := idemSetup(t)
 	var fixed atomic.Bool
 	var runs atomic.Int64
 	h := consumer.Chain(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
@@ -184,7 +199,7 @@ func TestIdempotency_exhaustedThroughRetry(t *testing.T) {
 	}), middleware.Idempotency(store, middleware.IdempotencyConfig{}), middleware.Retry(middleware.RetryConfig{MaxAttempts: 3}))
 	ctx := context.Background()
 
-	last := idemJob("op")
+	last := q.job("op")
 	last.Attempt = 2
 	err := h.Process(ctx, last)
 	var o *consumer.Outcome
@@ -192,14 +207,14 @@ func TestIdempotency_exhaustedThroughRetry(t *testing.T) {
 		t.Fatalf("last attempt: %v, want dead (exhausted)", err)
 	}
 	fixed.Store(true)
-	if err := h.Process(ctx, idemJob("op")); err != nil || runs.Load() != 2 {
+	if err := h.Process(ctx, q.job("op")); err != nil || runs.Load() != 2 {
 		t.Fatalf("replayed job: %v, runs %d; want it run again and done", err, runs.Load())
 	}
-	if o, _ := store.Begin(ctx, "op", "probe", time.Minute); o.Status != idem.StatusCompleted {
+	if o, _ := store.Begin(ctx, q.record("op"), "probe", time.Minute); o.Status != idem.StatusCompleted {
 		t.Fatalf("record after the replay: %v, want completed", o.Status)
 	}
 
-	bad := idemJob("bad-op")
+	bad := q.job("bad-op")
 	bad.Type = "bad"
 	for i := range 2 {
 		err := h.Process(ctx, bad)
@@ -210,7 +225,7 @@ func TestIdempotency_exhaustedThroughRetry(t *testing.T) {
 	if runs.Load() != 3 {
 		t.Fatalf("runs %d, want 3: the failed operation must not run again", runs.Load())
 	}
-	if ok, err := store.Forget(ctx, "bad-op", idem.StatusFailed); !ok || err != nil {
+	if ok, err := store.Forget(ctx, q.record("bad-op"), idem.StatusFailed); !ok || err != nil {
 		t.Fatalf("Forget(failed) = %v, %v", ok, err)
 	}
 	_ = h.Process(ctx, bad)
@@ -228,7 +243,7 @@ func TestIdempotency_retryableFailureReleases(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			store := idemSetup(t)
+			store, q := idemSetup(t)
 			var runs atomic.Int64
 			h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
 				consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
@@ -237,12 +252,12 @@ func TestIdempotency_retryableFailureReleases(t *testing.T) {
 					}
 					return nil
 				}))
-			if err := h.Process(context.Background(), idemJob("op")); err != fail {
+			if err := h.Process(context.Background(), q.job("op")); err != fail {
 				t.Fatalf("first run returned %v, want the handler's error unchanged", err)
 			}
 			// The retry runs at once: the record was released, not left
 			// in progress for the lease (5 min by default).
-			if err := h.Process(context.Background(), idemJob("op")); err != nil {
+			if err := h.Process(context.Background(), q.job("op")); err != nil {
 				t.Fatalf("retry: %v", err)
 			}
 			if runs.Load() != 2 {
@@ -254,7 +269,7 @@ func TestIdempotency_retryableFailureReleases(t *testing.T) {
 
 func TestIdempotency_panicReleases(t *testing.T) {
 	t.Parallel()
-	store := idemSetup(t)
+	store, q := idemSetup(t)
 	var runs atomic.Int64
 	h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
 		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
@@ -269,9 +284,9 @@ func TestIdempotency_panicReleases(t *testing.T) {
 				t.Fatalf("recovered %v, want the handler's panic", r)
 			}
 		}()
-		_ = h.Process(context.Background(), idemJob("op"))
+		_ = h.Process(context.Background(), q.job("op"))
 	}()
-	if err := h.Process(context.Background(), idemJob("op")); err != nil || runs.Load() != 2 {
+	if err := h.Process(context.Background(), q.job("op")); err != nil || runs.Load() != 2 {
 		t.Fatalf("after a panic: %v, runs %d; want a second run", err, runs.Load())
 	}
 }
@@ -285,20 +300,20 @@ func TestIdempotency_missingKey(t *testing.T) {
 	}{{"Skip", middleware.MissingSkip, 2}, {"UseJobID", middleware.MissingUseJobID, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			store := idemSetup(t)
+			store, q := idemSetup(t)
 			var runs atomic.Int64
 			var claimed atomic.Bool
 			h := middleware.Idempotency(store, middleware.IdempotencyConfig{Missing: tc.policy})(
 				consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 					runs.Add(1)
-					if c, ok := idem.ClaimFromContext(ctx); ok && c.Key == job.ID {
+					if c, ok := idem.ClaimFromContext(ctx); ok && c.Key == q.record(job.ID) {
 						claimed.Store(true)
 					}
 					return nil
 				}))
 			for range 2 {
 				// Two deliveries of the same job (same ID), no key.
-				if err := h.Process(context.Background(), &stream.Job{ID: "j1", Type: "t", EntryID: "1-0"}); err != nil {
+				if err := h.Process(context.Background(), &stream.Job{ID: "j1", Type: "t", EntryID: "1-0", Stream: string(q)}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -314,7 +329,7 @@ func TestIdempotency_missingKey(t *testing.T) {
 // delivery follows the record (a hit once the taker completed).
 func TestIdempotency_takenOverBeforeCompletion(t *testing.T) {
 	t.Parallel()
-	store := idemSetup(t)
+	store, q := idemSetup(t)
 	ctx := context.Background()
 	var runs atomic.Int64
 	h := middleware.Idempotency(store, middleware.IdempotencyConfig{Lease: 100 * time.Millisecond})(
@@ -335,14 +350,14 @@ func TestIdempotency_takenOverBeforeCompletion(t *testing.T) {
 			}
 			return errors.New("never taken over")
 		}))
-	err := h.Process(ctx, idemJob("op"))
+	err := h.Process(ctx, q.job("op"))
 	if _, ok := snoozeDelay(err); !ok {
 		t.Fatalf("completion after a takeover: %v, want a snooze", err)
 	}
-	if o, _ := store.Begin(ctx, "op", "x", time.Minute); o.Status != idem.StatusCompleted || string(o.Result) != "taker's" {
+	if o, _ := store.Begin(ctx, q.record("op"), "x", time.Minute); o.Status != idem.StatusCompleted || string(o.Result) != "taker's" {
 		t.Fatalf("record = %+v, want the taker's completion untouched", o)
 	}
-	if err := h.Process(ctx, idemJob("op")); err != nil || runs.Load() != 1 {
+	if err := h.Process(ctx, q.job("op")); err != nil || runs.Load() != 1 {
 		t.Fatalf("next delivery: %v, runs %d; want a hit", err, runs.Load())
 	}
 }
@@ -352,7 +367,7 @@ func TestIdempotency_takenOverBeforeCompletion(t *testing.T) {
 // failed, and the record is left alone.
 func TestIdempotency_handlerLostTheRecord(t *testing.T) {
 	t.Parallel()
-	store := idemSetup(t)
+	store, q := idemSetup(t)
 	h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
 		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 			c, _ := idem.ClaimFromContext(ctx)
@@ -361,7 +376,7 @@ func TestIdempotency_handlerLostTheRecord(t *testing.T) {
 			}
 			return nil
 		}))
-	err := h.Process(context.Background(), idemJob("op"))
+	err := h.Process(context.Background(), q.job("op"))
 	if _, ok := snoozeDelay(err); !ok {
 		t.Fatalf("handler returned ErrNotOwner: %v, want a snooze", err)
 	}
@@ -372,16 +387,16 @@ func TestIdempotency_handlerLostTheRecord(t *testing.T) {
 // Complete is a no-op.
 func TestIdempotency_handlerCompletedItself(t *testing.T) {
 	t.Parallel()
-	store := idemSetup(t)
+	store, q := idemSetup(t)
 	h := middleware.Idempotency(store, middleware.IdempotencyConfig{})(
 		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 			c, _ := idem.ClaimFromContext(ctx)
 			return c.Store.Complete(ctx, c.Key, c.Owner, []byte("in-tx"))
 		}))
-	if err := h.Process(context.Background(), idemJob("op")); err != nil {
+	if err := h.Process(context.Background(), q.job("op")); err != nil {
 		t.Fatal(err)
 	}
-	if o, _ := store.Begin(context.Background(), "op", "x", time.Minute); o.Status != idem.StatusCompleted || string(o.Result) != "in-tx" {
+	if o, _ := store.Begin(context.Background(), q.record("op"), "x", time.Minute); o.Status != idem.StatusCompleted || string(o.Result) != "in-tx" {
 		t.Fatalf("record = %+v, want the handler's completion", o)
 	}
 }
@@ -424,4 +439,35 @@ func TestIdempotency_retentionAboveHorizonAccepted(t *testing.T) {
 	t.Parallel()
 	store := idem.NewRedisStore(nil, idem.RedisConfig{})
 	middleware.Idempotency(store, middleware.IdempotencyConfig{RetryHorizon: idem.RetryHorizon(25, 10*time.Minute, 72*time.Hour)})
+}
+
+// By default records are per queue: an operation completed in one queue is
+// no hit in another queue with the same key. An explicit Prefix shares them.
+func TestIdempotency_perQueue(t *testing.T) {
+	t.Parallel()
+	store, payments := idemSetup(t)
+	rdb := redistest.Shared(t)
+	orders := idemQueue(redistest.Name(t))
+	shared := redistest.Prefix(t, rdb)
+	t.Cleanup(func() { redistest.DeleteKeys(rdb, "{"+string(orders)+"}:*") })
+	for _, tc := range []struct {
+		name   string
+		prefix string
+		runs   int64
+	}{{"Default", "", 2}, {"SharedPrefix", shared, 1}} {
+		var runs atomic.Int64
+		h := middleware.Idempotency(store, middleware.IdempotencyConfig{Prefix: tc.prefix})(
+			consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error { runs.Add(1); return nil }))
+		for _, q := range []idemQueue{payments, orders} {
+			if err := h.Process(context.Background(), q.job(tc.name+"-invoice-1")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if runs.Load() != tc.runs {
+			t.Errorf("%s: invoice-1 in payments then orders ran %d times, want %d", tc.name, runs.Load(), tc.runs)
+		}
+	}
+	if o, _ := store.Begin(context.Background(), shared+"SharedPrefix-invoice-1", "x", time.Minute); o.Status != idem.StatusCompleted {
+		t.Errorf("shared record = %+v, want completed under the prefix", o)
+	}
 }

@@ -46,7 +46,7 @@ func lockFree(t *testing.T, locks *lockx.Client, key string) bool {
 
 func TestLock_conflictSnoozes(t *testing.T) {
 	t.Parallel()
-	locks, _, _ := lockSetup(t)
+	locks, rdb, prefix := lockSetup(t)
 	held, err := locks.TryAcquire(t.Context(), "customer:7", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +54,8 @@ func TestLock_conflictSnoozes(t *testing.T) {
 	defer held.Release(context.Background())
 	var conflicts []string
 	var ran atomic.Bool
-	h := middleware.Lock(locks, middleware.LockConfig{
+	h := middleware.Lock(rdb, middleware.LockConfig{
+		Prefix:        prefix,
 		ConflictDelay: 200 * time.Millisecond,
 		OnConflict:    func(key string) { conflicts = append(conflicts, key) },
 	})(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
@@ -87,9 +88,10 @@ func TestLock_conflictSnoozes(t *testing.T) {
 // function; a job without a key runs without a lock.
 func TestLock_holdsLock(t *testing.T) {
 	t.Parallel()
-	locks, _, _ := lockSetup(t)
+	locks, rdb, prefix := lockSetup(t)
 	var fences []int64
-	h := middleware.Lock(locks, middleware.LockConfig{
+	h := middleware.Lock(rdb, middleware.LockConfig{
+		Prefix: prefix,
 		Key: func(job *stream.Job) string {
 			if job.Type == "nolock" {
 				return ""
@@ -138,8 +140,8 @@ func TestLock_holdsLock(t *testing.T) {
 // the key.
 func TestLock_lostCancels(t *testing.T) {
 	t.Parallel()
-	locks, rdb, prefix := lockSetup(t)
-	h := middleware.Lock(locks, middleware.LockConfig{TTL: 150 * time.Millisecond})(
+	_, rdb, prefix := lockSetup(t)
+	h := middleware.Lock(rdb, middleware.LockConfig{Prefix: prefix, TTL: 150 * time.Millisecond})(
 		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 			if err := rdb.Del(ctx, prefix+"{"+job.LockKey+"}").Err(); err != nil {
 				return err
@@ -160,9 +162,9 @@ func TestLock_lostCancels(t *testing.T) {
 // A lock is renewed while its handler runs five times its TTL.
 func TestLock_renews(t *testing.T) {
 	t.Parallel()
-	locks, _, _ := lockSetup(t)
+	locks, rdb, prefix := lockSetup(t)
 	const ttl = 100 * time.Millisecond
-	h := middleware.Lock(locks, middleware.LockConfig{TTL: ttl})(
+	h := middleware.Lock(rdb, middleware.LockConfig{Prefix: prefix, TTL: ttl})(
 		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 			end := time.Now().Add(5 * ttl)
 			for time.Now().Before(end) {
@@ -186,7 +188,7 @@ func TestLock_renews(t *testing.T) {
 // so that no renewal goroutine of another test is running when it checks
 // that none is left.
 func TestLock_releasesAlways(t *testing.T) {
-	locks, _, _ := lockSetup(t)
+	locks, rdb, prefix := lockSetup(t)
 	boom := errors.New("boom")
 	for _, tc := range []struct {
 		name string
@@ -198,7 +200,7 @@ func TestLock_releasesAlways(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var hctx context.Context
-			h := middleware.Lock(locks, middleware.LockConfig{TTL: 150 * time.Millisecond})(
+			h := middleware.Lock(rdb, middleware.LockConfig{Prefix: prefix, TTL: 150 * time.Millisecond})(
 				consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 					hctx = ctx
 					return tc.do()
@@ -235,14 +237,91 @@ func TestLock_redisDown(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	defer rdb.Close()
-	h := middleware.Lock(lockx.New(rdb, lockx.Config{}), middleware.LockConfig{})(
+	h := middleware.Lock(rdb, middleware.LockConfig{})(
 		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 			t.Error("the handler ran without its lock")
 			return nil
 		}))
-	err := h.Process(t.Context(), &stream.Job{LockKey: "k"})
+	err := h.Process(t.Context(), &stream.Job{Stream: "orders", LockKey: "k"})
 	var o *consumer.Outcome
 	if err == nil || errors.As(err, &o) || !strings.Contains(err.Error(), `lock "k"`) {
 		t.Errorf("Process: %v; want a plain error naming the lock", err)
 	}
+}
+
+// By default each queue locks in its own namespace, in its stream's slot:
+// a key held in one queue does not stop the same key in another queue,
+// while the same queue still excludes it.
+func TestLock_perQueue(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	payments, orders := redistest.Name(t), "{"+redistest.Name(t)+"}:orders"
+	t.Cleanup(func() {
+		redistest.DeleteKeys(rdb, "{"+payments+"}:*")
+		redistest.DeleteKeys(rdb, orders+":*")
+	})
+	var inner error
+	var h consumer.Handler
+	h = middleware.Lock(rdb, middleware.LockConfig{})(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		if job.Stream == payments {
+			l, _ := lockx.FromContext(ctx)
+			if n := rdb.Exists(ctx, "{"+payments+"}:lock:{invoice-1}").Val(); n != 1 {
+				t.Errorf("payments' lock is not at {%s}:lock:{invoice-1}", payments)
+			}
+			// The same key, held here: another queue runs, this one snoozes.
+			inner = h.Process(ctx, &stream.Job{Stream: orders, LockKey: l.Key()})
+			var o *consumer.Outcome
+			if err := h.Process(ctx, &stream.Job{Stream: payments, LockKey: l.Key()}); !errors.As(err, &o) || o.CountsAttempt() {
+				t.Errorf("the same key in the same queue: %v, want a snooze", err)
+			}
+			return nil
+		}
+		if n := rdb.Exists(ctx, orders+":lock:{invoice-1}").Val(); n != 1 {
+			t.Errorf("orders' lock is not at %s:lock:{invoice-1}", orders)
+		}
+		return nil
+	}))
+	if err := h.Process(t.Context(), &stream.Job{Stream: payments, LockKey: "invoice-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if inner != nil {
+		t.Errorf("orders' job with the key payments held: %v, want it run", inner)
+	}
+}
+
+// A key that lockx refuses can never be locked: the job fails with a
+// permanent error naming the key, before Redis is asked. Under a queue's
+// namespace (a prefix with a hash tag) the same key is fine.
+func TestLock_invalidKeyIsPermanent(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}) // never reached
+	defer rdb.Close()
+	h := middleware.Lock(rdb, middleware.LockConfig{Prefix: "shared:lock:"})(
+		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			t.Error("the handler ran without its lock")
+			return nil
+		}))
+	err := h.Process(t.Context(), &stream.Job{Stream: "orders", LockKey: "}evil"})
+	if !errors.Is(err, consumer.ErrPermanent) || !errors.Is(err, lockx.ErrInvalidKey) || !strings.Contains(err.Error(), `"}evil"`) {
+		t.Errorf("Process: %v; want a permanent error wrapping lockx.ErrInvalidKey naming the key", err)
+	}
+}
+
+// Without a Prefix, a job must name its queue; a Prefix whose braces form
+// no hash tag is refused at construction, naming the field.
+func TestLock_config(t *testing.T) {
+	t.Parallel()
+	h := middleware.Lock(nil, middleware.LockConfig{})(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		t.Error("the handler ran without its lock")
+		return nil
+	}))
+	if err := h.Process(t.Context(), &stream.Job{LockKey: "k"}); err == nil || !strings.Contains(err.Error(), "job.Stream") {
+		t.Errorf("a job without a stream: %v, want an error naming job.Stream", err)
+	}
+	defer func() {
+		if r, _ := recover().(string); !strings.Contains(r, "LockConfig.Prefix") {
+			t.Errorf("panic %q, want one naming LockConfig.Prefix", r)
+		}
+	}()
+	middleware.Lock(nil, middleware.LockConfig{Prefix: "a{b"})
 }

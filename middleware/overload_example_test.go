@@ -46,7 +46,7 @@ func Example_overload() {
 	)
 
 	for i := range 4 {
-		err := h.Process(context.Background(), &stream.Job{Type: "invoice"})
+		err := h.Process(context.Background(), &stream.Job{Type: "invoice", Stream: "billing"})
 		var o *consumer.Outcome
 		switch {
 		case err == nil:

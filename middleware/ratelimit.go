@@ -14,9 +14,6 @@ import (
 	"github.com/pelicanqueue/pelican/stream"
 )
 
-// DefaultRateLimitPrefix starts the Redis key of every rate limit key.
-const DefaultRateLimitPrefix = "pelican:rate:"
-
 //go:embed ratelimit.lua
 var rateLua string
 
@@ -38,9 +35,13 @@ type RateLimitConfig struct {
 	Key func(job *stream.Job) string
 	// Per is the period of Rate. Required.
 	Per time.Duration
-	// Prefix starts the Redis key of every rate limit key. To keep the
-	// limiter on one node of a Redis Cluster with other keys, include a hash
-	// tag. Defaults to [DefaultRateLimitPrefix].
+	// Prefix starts the Redis key of every rate limit key: the limiter of
+	// key k is Prefix + k. Defaults to the namespace of the job's queue,
+	// stream.KeysFor(job.Stream).Rate ("{orders}:rate:"): each queue has
+	// its own limits, in its stream's cluster slot. Set it to share limits
+	// across queues on purpose (one budget for a downstream API that
+	// several queues call): every queue whose RateLimit has the same Prefix
+	// takes from the same budget per key.
 	Prefix string
 	// Rate is how many jobs of one key may start per Per, across every
 	// process sharing the Redis. Required.
@@ -56,11 +57,11 @@ type RateLimiter struct {
 	burst    string
 	interval string
 	every    time.Duration
-	prefix   string
 }
 
 // NewRateLimiter returns a limiter of cfg.Rate per cfg.Per with burst
-// cfg.Burst. cfg.Key is not used. It returns an error naming the field if
+// cfg.Burst. cfg.Key and cfg.Prefix are not used: [RateLimiter.Allow] takes
+// the Redis key. It returns an error naming the field if
 // cfg.Rate, cfg.Per or cfg.Burst is invalid, or if the emission interval
 // Per/Rate is under a microsecond.
 func NewRateLimiter(rdb redis.UniversalClient, cfg RateLimitConfig) (*RateLimiter, error) {
@@ -76,9 +77,6 @@ func NewRateLimiter(rdb redis.UniversalClient, cfg RateLimitConfig) (*RateLimite
 	if cfg.Burst == 0 {
 		cfg.Burst = cfg.Rate
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultRateLimitPrefix
-	}
 	every := cfg.Per / time.Duration(cfg.Rate)
 	if every < time.Microsecond {
 		return nil, fmt.Errorf("middleware: RateLimitConfig.Rate (%d) per RateLimitConfig.Per (%v) is more than one per microsecond", cfg.Rate, cfg.Per)
@@ -88,15 +86,16 @@ func NewRateLimiter(rdb redis.UniversalClient, cfg RateLimitConfig) (*RateLimite
 		burst:    strconv.Itoa(cfg.Burst),
 		interval: strconv.FormatInt(every.Microseconds(), 10),
 		every:    every,
-		prefix:   cfg.Prefix,
 	}, nil
 }
 
-// Allow takes one start from key's budget. When the budget is spent it
-// returns false and how long to wait before the next start can pass;
-// nothing is taken then. err is non-nil only if Redis could not decide.
+// Allow takes one start from the budget kept in the Redis key key (a
+// string with a TTL; [RateLimit] uses Prefix + the job's rate limit key).
+// When the budget is spent it returns false and how long to wait before the
+// next start can pass; nothing is taken then. err is non-nil only if Redis
+// could not decide.
 func (l *RateLimiter) Allow(ctx context.Context, key string) (allowed bool, retryAfter time.Duration, err error) {
-	res, err := rateScript.Run(ctx, l.rdb, []string{l.prefix + key}, l.burst, l.interval).Int64Slice()
+	res, err := rateScript.Run(ctx, l.rdb, []string{key}, l.burst, l.interval).Int64Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("middleware: rate limit %q: %w", key, err)
 	}
@@ -110,7 +109,8 @@ func (l *RateLimiter) Allow(ctx context.Context, key string) (allowed bool, retr
 }
 
 // RateLimit returns a middleware that lets at most cfg.Rate jobs of each
-// key start per cfg.Per across every process, with a [RateLimiter]. A job
+// key of a queue start per cfg.Per across every process, with a
+// [RateLimiter]. Limits are per queue unless cfg.Prefix shares them. A job
 // over the limit is not run: it is rescheduled with [consumer.Snooze]
 // after the limiter's retry-after plus a small jitter, which does not count
 // an attempt. If Redis cannot decide, the job fails with that error (a
@@ -134,7 +134,11 @@ func RateLimit(rdb redis.UniversalClient, cfg RateLimitConfig) consumer.Middlewa
 			if k == "" {
 				return next.Process(ctx, job)
 			}
-			ok, after, err := l.Allow(ctx, k)
+			prefix, err := namespace(cfg.Prefix, job, ratePrefix)
+			if err != nil {
+				return err
+			}
+			ok, after, err := l.Allow(ctx, prefix+k)
 			if err != nil {
 				return err
 			}
@@ -145,6 +149,9 @@ func RateLimit(rdb redis.UniversalClient, cfg RateLimitConfig) consumer.Middlewa
 		})
 	}
 }
+
+// ratePrefix picks the queue's rate limit namespace from its keys.
+func ratePrefix(k stream.Keys) string { return k.Rate }
 
 // rateJitter returns a random delay in [0, after/10 + every), so that jobs
 // limited at the same moment do not all come back at the same moment.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,11 +30,11 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 	)
 	var limiters []*middleware.RateLimiter
 	for _, rdb := range clients { // two "processes" share one key
-		l, err := middleware.NewRateLimiter(rdb, middleware.RateLimitConfig{Rate: rate, Per: per, Burst: burst, Prefix: prefix})
+		l, err := middleware.NewRateLimiter(rdb, middleware.RateLimitConfig{Rate: rate, Per: per, Burst: burst})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := l.Allow(context.Background(), "warm-up"); err != nil { // loads the script
+		if _, _, err := l.Allow(context.Background(), prefix+"warm-up"); err != nil { // loads the script
 			t.Fatal(err)
 		}
 		limiters = append(limiters, l)
@@ -45,7 +46,7 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 		for range 3 {
 			wg.Go(func() {
 				for time.Since(start) < window {
-					ok, after, err := l.Allow(context.Background(), "api")
+					ok, after, err := l.Allow(context.Background(), prefix+"api")
 					if err != nil {
 						t.Error(err)
 						return
@@ -72,18 +73,18 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 func TestRateLimiter_burst(t *testing.T) {
 	t.Parallel()
 	prefix, clients := distSetup(t, 1)
-	l, err := middleware.NewRateLimiter(clients[0], middleware.RateLimitConfig{Rate: 10, Per: time.Minute, Prefix: prefix})
+	l, err := middleware.NewRateLimiter(clients[0], middleware.RateLimitConfig{Rate: 10, Per: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	// Burst defaults to Rate: 10 pass at once, the 11th waits one interval.
 	for i := range 10 {
-		if ok, _, err := l.Allow(ctx, "k"); !ok || err != nil {
+		if ok, _, err := l.Allow(ctx, prefix+"k"); !ok || err != nil {
 			t.Fatalf("request %d of the burst: %v %v", i+1, ok, err)
 		}
 	}
-	ok, after, err := l.Allow(ctx, "k")
+	ok, after, err := l.Allow(ctx, prefix+"k")
 	if ok || err != nil {
 		t.Fatalf("request 11: allowed %v, err %v, want limited", ok, err)
 	}
@@ -91,7 +92,7 @@ func TestRateLimiter_burst(t *testing.T) {
 		t.Errorf("retry-after %v, want about 6s (one interval of a minute / 10)", after)
 	}
 	// Limited requests take nothing; other keys have their own budget.
-	if ok, _, _ := l.Allow(ctx, "other"); !ok {
+	if ok, _, _ := l.Allow(ctx, prefix+"other"); !ok {
 		t.Error("another key was limited")
 	}
 	if ttl := clients[0].PTTL(ctx, prefix+"k").Val(); ttl <= 0 || ttl > time.Minute {
@@ -160,15 +161,20 @@ func TestRateLimit_config(t *testing.T) {
 	defer rdb.Close()
 	h := middleware.RateLimit(rdb, middleware.RateLimitConfig{Rate: 1, Per: time.Second})(
 		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error { return errors.New("ran") }))
-	err := h.Process(context.Background(), &stream.Job{Type: "x"})
+	err := h.Process(context.Background(), &stream.Job{Type: "x", Stream: "orders"})
 	var o *consumer.Outcome
-	if err == nil || errors.As(err, &o) || err.Error() == "ran" {
+	if err == nil || errors.As(err, &o) || err.Error() == "ran" || strings.Contains(err.Error(), "job.Stream") {
 		t.Fatalf("got %v, want the Redis error", err)
+	}
+	// Without a Prefix, a job must name its queue.
+	if err := h.Process(context.Background(), &stream.Job{Type: "x"}); err == nil || !strings.Contains(err.Error(), "job.Stream") {
+		t.Fatalf("a job without a stream: %v, want an error naming job.Stream", err)
 	}
 }
 
-// Geocoding jobs may call the geocoding API 2 times a second across every
-// process; a job over the limit is snoozed until the API has room.
+// Geocoding jobs of queue "geo" may call the geocoding API 2 times a second
+// across every process; a job over the limit is snoozed until the API has
+// room.
 func ExampleRateLimit() {
 	m, err := miniredis.Run()
 	if err != nil {
@@ -188,7 +194,7 @@ func ExampleRateLimit() {
 	})(geocode)
 
 	for i := range 3 {
-		err := h.Process(context.Background(), &stream.Job{Type: "geocode"})
+		err := h.Process(context.Background(), &stream.Job{Type: "geocode", Stream: "geo"})
 		var o *consumer.Outcome
 		switch {
 		case err == nil:
@@ -197,8 +203,11 @@ func ExampleRateLimit() {
 			fmt.Printf("job %d: snoozed\n", i+1)
 		}
 	}
+	// The queue's limiter of the API:
+	fmt.Println(rdb.Exists(context.Background(), "{geo}:rate:geocoding-api").Val())
 	// Output:
 	// job 1: ran
 	// job 2: ran
 	// job 3: snoozed
+	// 1
 }

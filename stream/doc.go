@@ -20,7 +20,10 @@
 //
 // Keys: every key Pelican derives from a stream name ([KeysFor]) shares the
 // stream's Redis Cluster hash slot, so the consumer's scripts run unchanged on
-// Redis Cluster.
+// Redis Cluster. KeysFor is the one place that names them: the queue's own
+// keys (dead letters, delayed jobs, crash counters) and the namespaces the
+// middleware use by default for locks, idempotency records and limits, so
+// that two queues never share those unless configured to.
 //
 // This package imports neither the consumer nor any observability library.
 package stream

@@ -104,21 +104,24 @@ func ExampleProducer_Enqueue() {
 }
 
 func ExampleKeysFor() {
-	for _, name := range []string{"orders", "{orders}:jobs", "a}b"} {
+	for _, name := range []string{"orders", "{shop}:orders", "a}b"} {
 		keys, err := stream.KeysFor(name)
 		if err != nil {
 			fmt.Println(err)
 			continue
 		}
 		fmt.Println(keys.Stream, keys.Dead, keys.Delayed)
+		fmt.Println(" ", keys.Idem, keys.Lock, keys.Rate, keys.Limit)
 	}
-	lock, _ := stream.DerivedKey("orders", "lock:customer-7")
-	fmt.Println(lock)
+	replay, _ := stream.DerivedKey("{orders}:dlq", "replay")
+	fmt.Println(replay)
 	// Output:
 	// orders {orders}:dlq {orders}:delayed
-	// {orders}:jobs {orders}:jobs:dlq {orders}:jobs:delayed
+	//   {orders}:idem: {orders}:lock: {orders}:rate: {orders}:limit:
+	// {shop}:orders {shop}:orders:dlq {shop}:orders:delayed
+	//   {shop}:orders:idem: {shop}:orders:lock: {shop}:orders:rate: {shop}:orders:limit:
 	// stream: name "a}b" has braces that form no hash tag; use a name without braces or with a non-empty {tag}
-	// {orders}:lock:customer-7
+	// {orders}:dlq:replay
 }
 
 func ExampleDecode() {

@@ -18,6 +18,22 @@ type Keys struct {
 	// consumer.Config.MaxCrashes): Crashes + entry ID is a string key with a
 	// time to live.
 	Crashes string
+	// Idem is the prefix of the queue's idempotency records, the default of
+	// middleware.IdempotencyConfig.Prefix: the record of idempotency key k
+	// is Idem + k.
+	Idem string
+	// Lock is the prefix of the queue's locks, the default of
+	// middleware.LockConfig.Prefix: the lock of key k is
+	// Lock + "{" + k + "}" and its fencing counter the same followed by
+	// ":fence" (see package lockx).
+	Lock string
+	// Rate is the prefix of the queue's rate limits, the default of
+	// middleware.RateLimitConfig.Prefix: the limiter of key k is Rate + k.
+	Rate string
+	// Limit is the prefix of the queue's distributed concurrency limits,
+	// the default of middleware.DistributedConcurrencyConfig.Prefix: the
+	// slots of key k are Limit + k.
+	Limit string
 }
 
 // KeysFor returns the keys of the queue whose stream is named stream.
@@ -27,12 +43,38 @@ type Keys struct {
 // wrapped in a hash tag ("orders" → "{orders}:dlq"): either way Redis Cluster
 // hashes it like the stream. A name with braces that form no hash tag cannot
 // share its slot with any derived key, and is rejected.
+//
+// The keys of queue "orders" are the stream "orders" and keys that start
+// with "{orders}:" (a Redis ACL of "~orders ~{orders}:*" covers them all):
+//
+//	{orders}:dlq            dead-letter stream
+//	{orders}:delayed        jobs waiting for a later attempt
+//	{orders}:crashes:<id>   crash counters of redelivered jobs
+//	{orders}:idem:<key>     idempotency records
+//	{orders}:lock:{<key>}   locks, and their fencing counters (…:fence)
+//	{orders}:rate:<key>     rate limits
+//	{orders}:limit:<key>    distributed concurrency limits
+//
+// Dead-letter replays add {orders}:dlq:replay and {orders}:dlq:replay:cursor
+// (the dead-letter stream's derived keys). Locks, idempotency records and
+// limits are per queue by default, so that two queues using the same keys
+// ("invoice-1") never meet; a middleware given an explicit prefix shares
+// them with every queue that uses the same prefix.
 func KeysFor(stream string) (Keys, error) {
 	prefix, err := tagPrefix(stream)
 	if err != nil {
 		return Keys{}, err
 	}
-	return Keys{Stream: stream, Dead: prefix + ":dlq", Delayed: prefix + ":delayed", Crashes: prefix + ":crashes:"}, nil
+	return Keys{
+		Stream:  stream,
+		Dead:    prefix + ":dlq",
+		Delayed: prefix + ":delayed",
+		Crashes: prefix + ":crashes:",
+		Idem:    prefix + ":idem:",
+		Lock:    prefix + ":lock:",
+		Rate:    prefix + ":rate:",
+		Limit:   prefix + ":limit:",
+	}, nil
 }
 
 // DerivedKey returns stream's key with the given suffix, in the stream's

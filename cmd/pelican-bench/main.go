@@ -119,6 +119,9 @@ func (b *bench) name(kind string) string {
 func (b *bench) cleanup(ctx context.Context, s string) {
 	keys, _ := stream.KeysFor(s)
 	b.rdb.Del(ctx, keys.Stream, keys.Dead, keys.Delayed)
+	// The queue's locks (their fence counters have no TTL) and idempotency
+	// records, from the policy phases.
+	b.deleteKeys(ctx, keys.Lock+"*", keys.Idem+"*")
 }
 
 func (b *bench) floorProduce(ctx context.Context) float64 {

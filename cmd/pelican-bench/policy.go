@@ -9,7 +9,6 @@ import (
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/idem"
-	"github.com/pelicanqueue/pelican/lockx"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/middleware/metrics"
 	"github.com/pelicanqueue/pelican/middleware/tracing"
@@ -89,7 +88,6 @@ func (b *bench) policyPhases(ctx context.Context, n int, extra ...policyPhase) {
 		}
 		fmt.Printf("%-14s %12.0f %10.2f\n", p.name, r, r/bare)
 	}
-	b.deleteKeys(ctx, "bench:lock:*", "bench:idem:*")
 }
 
 // deleteKeys removes the keys matching the patterns (lock fence counters
@@ -129,10 +127,10 @@ func (b *bench) extraPolicyPhases() []policyPhase {
 	}, {
 		name: "lock+idem",
 		mws: []consumer.Middleware{
-			middleware.Lock(lockx.New(b.rdb, lockx.Config{Prefix: "bench:lock:"}), middleware.LockConfig{
+			middleware.Lock(b.rdb, middleware.LockConfig{
 				Key: func(j *stream.Job) string { return j.ID },
 			}),
-			middleware.Idempotency(idem.NewRedisStore(b.rdb, idem.RedisConfig{Prefix: "bench:idem:", Retention: time.Minute}),
+			middleware.Idempotency(idem.NewRedisStore(b.rdb, idem.RedisConfig{Retention: time.Minute}),
 				middleware.IdempotencyConfig{Missing: middleware.MissingUseJobID}),
 		},
 		h:    func(context.Context, *stream.Job) error { return nil },

@@ -519,26 +519,32 @@ it deletes the job's record if that record is failed (never a completed or a
 running one), so that the job runs again. The record's key is the job's
 idempotency_key, else its job ID (as with IdempotencyConfig.Missing =
 MissingUseJobID). That needs the Redis store (idem.RedisStore) in the Redis of
-the stream, under the key prefix --idempotency-prefix (the consumers'
-idem.RedisConfig.Prefix; default ` + idem.DefaultPrefix + `).
-Records in PostgreSQL (idem.SQLStore) are deleted with SQL, before the replay.`
+the stream. The record of key K is the stream's namespace followed by K
+({orders}:idem:K for stream orders, {shop}:orders:idem:K for {shop}:orders),
+the default of the consumers' middleware; if they share records across
+queues under an IdempotencyConfig.Prefix, give the same prefix with
+--idempotency-prefix. Records in PostgreSQL (idem.SQLStore) are deleted with
+SQL, before the replay.`
 
 // idemPrefix returns the key prefix of the idempotency records of source's
-// jobs: flag when given, else the idem store's default. The one place that
-// knows the default, so that a per-queue default derived from the stream
-// (such as {orders}:idem:) is one change here.
-func idemPrefix(flag, source string) string {
+// jobs: flag when given, else the queue's namespace, the default of
+// middleware.IdempotencyConfig.Prefix.
+func idemPrefix(flag, source string) (string, error) {
 	if flag != "" {
-		return flag
+		return flag, nil
 	}
-	return idem.DefaultPrefix
+	keys, err := stream.KeysFor(source)
+	if err != nil {
+		return "", err
+	}
+	return keys.Idem, nil
 }
 
 // forgetFailed returns a ReplayOptions.BeforeMove that deletes the failed
-// idempotency record of each job about to be replayed, and the count of
-// records it deleted.
+// idempotency record of each job about to be replayed (prefix + its key),
+// and the count of records it deleted.
 func forgetFailed(rdb redis.UniversalClient, prefix string) (func(context.Context, dlq.Entry) error, *int) {
-	store := idem.NewRedisStore(rdb, idem.RedisConfig{Prefix: prefix})
+	store := idem.NewRedisStore(rdb, idem.RedisConfig{})
 	n := new(int)
 	return func(ctx context.Context, e dlq.Entry) error {
 		if e.Job == nil {
@@ -548,7 +554,7 @@ func forgetFailed(rdb redis.UniversalClient, prefix string) (func(context.Contex
 		if key == "" {
 			return nil
 		}
-		ok, err := store.Forget(ctx, key, idem.StatusFailed)
+		ok, err := store.Forget(ctx, prefix+key, idem.StatusFailed)
 		if err != nil {
 			return err
 		}
@@ -592,15 +598,17 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 			if prefixFlag != "" && !forget {
 				return fail(exitUsage, "--idempotency-prefix needs --forget-failed-idempotency")
 			}
-			prefix := ""
-			if forget {
-				prefix = idemPrefix(prefixFlag, args[0])
-			}
 			d, rdb, closeFn, err := openDLQ(cmd.Context(), a, args[0])
 			if err != nil {
 				return err
 			}
 			defer closeFn()
+			prefix := ""
+			if forget {
+				if prefix, err = idemPrefix(prefixFlag, d.Source()); err != nil {
+					return fail(exitUsage, "%v", err)
+				}
+			}
 			// A dry run counts what this replay would move, from the
 			// cursor of an interrupted one with the same filters.
 			plan, err := d.Replay(cmd.Context(), f, dlq.ReplayOptions{DryRun: true, Limit: limit})
@@ -697,7 +705,7 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 	cmd.Flags().BoolVar(&forget, "forget-failed-idempotency", false,
 		"before moving each job, delete its idempotency record if it is failed (Redis store), so that the job runs again")
 	cmd.Flags().StringVar(&prefixFlag, "idempotency-prefix", "",
-		"key prefix of the idempotency records in Redis (idem.RedisConfig.Prefix); default "+idem.DefaultPrefix)
+		"key prefix of the idempotency records in Redis (the consumers' IdempotencyConfig.Prefix); default: the stream's namespace, such as {orders}:idem: for stream orders")
 	return cmd
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/pelicanqueue/pelican/dlq"
 	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/stream"
 )
 
 // dlqFixture is a source stream on the shared test Redis, its dead-letter
@@ -517,14 +518,18 @@ func TestDLQ_unknownStream(t *testing.T) {
 // TestDLQ_ReplayIdempotency: replay says what it does with idempotency
 // records; by default it leaves them, and with --forget-failed-idempotency
 // it deletes, before each move, the job's record if and only if it is failed,
-// keyed by idempotency_key or else job_id, under --idempotency-prefix.
+// keyed by idempotency_key or else job_id, in the stream's namespace (the
+// middleware's default) or under --idempotency-prefix.
 func TestDLQ_ReplayIdempotency(t *testing.T) {
 	t.Parallel()
 	fx := setupDLQ(t)
-	prefix := redistest.Prefix(t, fx.rdb)
-	store := idem.NewRedisStore(fx.rdb, idem.RedisConfig{Prefix: prefix})
+	keys, _ := stream.KeysFor(fx.source)
+	prefix := keys.Idem
+	t.Cleanup(func() { redistest.DeleteKeys(fx.rdb, prefix+"*") })
+	store := idem.NewRedisStore(fx.rdb, idem.RedisConfig{})
 	record := func(key string, st idem.Status) {
 		t.Helper()
+		key = prefix + key
 		if _, err := store.Begin(fx.ctx, key, "w1", time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -537,6 +542,7 @@ func TestDLQ_ReplayIdempotency(t *testing.T) {
 	}
 	status := func(key string) idem.Status {
 		t.Helper()
+		key = prefix + key
 		o, err := store.Begin(fx.ctx, key, "probe", time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -577,18 +583,23 @@ func TestDLQ_ReplayIdempotency(t *testing.T) {
 		t.Errorf("replay without --forget-failed-idempotency: record %v, want failed", st)
 	}
 
-	out, errOut, code = runCLI(t, nil, "", "dlq", "replay", fx.source, "--dry-run",
-		"--forget-failed-idempotency", "--idempotency-prefix", prefix)
-	mustCode(t, 0, out, errOut, code)
-	if want := fmt.Sprintf("would replay 4 jobs from %s to %s, forgetting their failed idempotency records under %q", fx.dead, fx.source, prefix); !strings.Contains(out, want) {
-		t.Errorf("dry run: %q, want %q", out, want)
+	for _, p := range []string{prefix, "shared:idem:"} { // the default, an explicit prefix
+		args := []string{"dlq", "replay", fx.source, "--dry-run", "--forget-failed-idempotency"}
+		if p != prefix {
+			args = append(args, "--idempotency-prefix", p)
+		}
+		out, errOut, code = runCLI(t, nil, "", args...)
+		mustCode(t, 0, out, errOut, code)
+		if want := fmt.Sprintf("would replay 4 jobs from %s to %s, forgetting their failed idempotency records under %q", fx.dead, fx.source, p); !strings.Contains(out, want) {
+			t.Errorf("dry run: %q, want %q", out, want)
+		}
 	}
 	if st := status("job-by-id"); st != idem.StatusFailed {
 		t.Errorf("dry run changed a record: %v", st)
 	}
 
 	out, errOut, code = runCLI(t, nil, "", "dlq", "replay", fx.source, "--yes", "--rate", "0", "-o", "json",
-		"--forget-failed-idempotency", "--idempotency-prefix", prefix)
+		"--forget-failed-idempotency")
 	mustCode(t, 0, out, errOut, code)
 	var res replayJSON
 	if err := json.Unmarshal([]byte(out), &res); err != nil {

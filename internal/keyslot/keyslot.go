@@ -11,12 +11,22 @@ const Slots = 16384
 // Of returns the hash slot of key: CRC16 (XMODEM) of the key's hash tag, or
 // of the whole key when it has none, modulo 16384.
 func Of(key string) int {
-	if s := strings.IndexByte(key, '{'); s >= 0 {
-		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
-			key = key[s+1 : s+1+e]
-		}
+	if tag, ok := Tag(key); ok {
+		key = tag
 	}
 	return int(crc16(key)) % Slots
+}
+
+// Tag returns key's hash tag, the text between its first '{' and the first
+// '}' after it, and whether key has one (a tag is never empty: in
+// "a{}{b}" Redis hashes the whole key).
+func Tag(key string) (string, bool) {
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			return key[s+1 : s+1+e], true
+		}
+	}
+	return "", false
 }
 
 func crc16(s string) uint16 {

@@ -20,3 +20,24 @@ func TestOf(t *testing.T) {
 		}
 	}
 }
+
+func TestTag(t *testing.T) {
+	t.Parallel()
+	for key, want := range map[string]string{
+		"{orders}:lock:":  "orders",
+		"a{b}c{d}":        "b",
+		"}{a}":            "a",
+		"foo{{bar}}zap":   "{bar",
+		"pelican:lock:":   "",
+		"a{}{b}":          "",
+		"a{b":             "",
+		"x}":              "",
+		"{}":              "",
+		"{shop}:orders:l": "shop",
+	} {
+		got, ok := Tag(key)
+		if got != want || ok != (want != "") {
+			t.Errorf("Tag(%q) = %q, %v; want %q, %v", key, got, ok, want, want != "")
+		}
+	}
+}

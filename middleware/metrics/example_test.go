@@ -19,7 +19,7 @@ import (
 //
 //	m := metrics.New(prometheus.DefaultRegisterer, metrics.Config{})
 //	c.Use(m.Middleware(),
-//		middleware.Lock(locker, middleware.LockConfig{OnConflict: m.LockConflict}),
+//		middleware.Lock(rdb, middleware.LockConfig{OnConflict: m.LockConflict}),
 //		middleware.Idempotency(store, middleware.IdempotencyConfig{OnHit: m.IdempotencyHit}),
 //		middleware.Retry(retryCfg),
 //		m.LockLost(),

@@ -19,7 +19,6 @@ import (
 	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/internal/leakcheck"
 	"github.com/pelicanqueue/pelican/internal/redistest"
-	"github.com/pelicanqueue/pelican/lockx"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/middleware/metrics"
 	"github.com/pelicanqueue/pelican/stream"
@@ -68,16 +67,9 @@ func TestMetrics_Scenario(t *testing.T) {
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	keys, _ := stream.KeysFor(name)
-	lockPrefix, idemPrefix := name+":lock:", name+":idem:"
 	t.Cleanup(func() {
-		ctx := context.Background()
-		rdb.Del(ctx, keys.Stream, keys.Dead, keys.Delayed)
-		for _, p := range []string{lockPrefix, idemPrefix} {
-			ks, _ := rdb.Keys(ctx, p+"*").Result()
-			if len(ks) > 0 {
-				rdb.Del(ctx, ks...)
-			}
-		}
+		rdb.Del(context.Background(), keys.Stream)
+		redistest.DeleteKeys(rdb, "{"+name+"}:*") // the queue's locks and records too
 	})
 	ctx := context.Background()
 	reg := prometheus.NewPedanticRegistry()
@@ -118,9 +110,9 @@ func TestMetrics_Scenario(t *testing.T) {
 	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: "c1", Concurrency: 8,
 		Block: 50 * time.Millisecond, PromoteInterval: 20 * time.Millisecond, Logger: quiet}).
 		Use(m.Middleware(),
-			middleware.Lock(lockx.New(rdb, lockx.Config{Prefix: lockPrefix}), middleware.LockConfig{
+			middleware.Lock(rdb, middleware.LockConfig{
 				ConflictDelay: time.Second, TTL: 300 * time.Millisecond, OnConflict: m.LockConflict}),
-			middleware.Idempotency(idem.NewRedisStore(rdb, idem.RedisConfig{Prefix: idemPrefix}),
+			middleware.Idempotency(idem.NewRedisStore(rdb, idem.RedisConfig{}),
 				middleware.IdempotencyConfig{OnHit: m.IdempotencyHit, Logger: quiet}),
 			middleware.Retry(middleware.RetryConfig{Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}),
 			m.LockLost(),
@@ -173,7 +165,7 @@ func TestMetrics_Scenario(t *testing.T) {
 	// A lost lock: its key is deleted while the job runs.
 	enqueue("lost", func(j *stream.Job) { j.LockKey = "LL" })
 	<-lostStarted
-	if err := rdb.Del(ctx, lockPrefix+"{LL}").Err(); err != nil {
+	if err := rdb.Del(ctx, keys.Lock+"{LL}").Err(); err != nil {
 		t.Fatal(err)
 	}
 

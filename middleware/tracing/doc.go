@@ -77,7 +77,7 @@
 //
 //	c.Use(
 //		tracing.Middleware(cfg),
-//		tracing.Around(tracing.SpanLock, middleware.Lock(locker, lockCfg), cfg),
+//		tracing.Around(tracing.SpanLock, middleware.Lock(rdb, lockCfg), cfg),
 //		tracing.Around(tracing.SpanIdempotency, middleware.Idempotency(store, idemCfg), cfg),
 //		middleware.Retry(retryCfg),
 //		middleware.DeadLetter(deadCfg),

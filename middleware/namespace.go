@@ -1,0 +1,25 @@
+package middleware
+
+import (
+	"fmt"
+
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// namespace returns the key prefix under which a middleware keeps job's
+// keys (locks, idempotency records, rate and concurrency limits): prefix
+// when it is set, shared by every queue whose middleware uses the same
+// prefix, else the prefix that field picks from the keys of the job's own
+// queue (stream.KeysFor(job.Stream)), such as "{orders}:lock:": one
+// namespace per queue, in the stream's cluster slot. stream.KeysFor is the
+// one place that names those keys.
+func namespace(prefix string, job *stream.Job, field func(stream.Keys) string) (string, error) {
+	if prefix != "" {
+		return prefix, nil
+	}
+	keys, err := stream.KeysFor(job.Stream)
+	if err != nil {
+		return "", fmt.Errorf("middleware: job.Stream (%q) names no queue to keep its keys in (set the Prefix of the middleware's config to share one across queues): %w", job.Stream, err)
+	}
+	return field(keys), nil
+}
