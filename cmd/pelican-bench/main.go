@@ -1,312 +1,431 @@
-// Command pelican-bench measures Pelican against the raw go-redis floor on
-// one Redis, side by side in one run, and prints both rates and their ratio.
+// Command pelican-bench measures Pelican against the strongest plain
+// go-redis consumer, the floor, on one Redis, side by side in one run. For
+// every phase it reports jobs/s and CPU µs per job (this process's rusage
+// plus the Redis server's INFO cpu delta, used_cpu_sys + used_cpu_user),
+// and the ratio of each to the floor's in the same round.
 //
-//	go run ./cmd/pelican-bench [-addr 127.0.0.1:6379] [-jobs 200000] [-rounds 3]
+//	go run ./cmd/pelican-bench [-jobs 200000] [-rounds 3] [-concurrency 0,50] [-phases consume,full-chain]
 //	go run ./cmd/pelican-bench -retention 10000000 [-backlog 100000]
 //
-// Floor: pipelined XADD in batches of 100; one loop of XREADGROUP COUNT 100
-// with a no-op handler and a plain XACK per batch (not owner-checked).
-// Pelican: Producer.EnqueueBatch in batches of 100; a bare consumer (no
-// middleware, no-op handler) with owner-checked settlement. Then the
-// enqueue-to-handler latency (p50, p99) at a steady rate. The machine is
-// shared and noisy: compare the ratios, not the absolute rates.
+// The floor: one reader goroutine (XREADGROUP COUNT 100, blocking) feeding
+// 50 worker goroutines through a buffered channel, and one acker goroutine
+// sending XACK for whatever finished meanwhile, concurrently with the reads
+// (not owner-checked: it is a floor, not a design); its producer is
+// pipelined XADD in batches of 100. Pelican: Producer.EnqueueBatch in
+// batches of 100, and a consumer at each -concurrency (0: the default
+// Config, what a user gets).
+//
+// Phases (-phases, a comma list; all by default):
+//
+//	produce          enqueue -jobs jobs
+//	consume          consume a backlog of -jobs jobs
+//	produce-consume  produce and consume together
+//	mid-chain        consume through middleware/metrics, middleware.Retry, middleware.DeadLetter
+//	full-chain       consume through tracing (1% sampled, no exporter), metrics, middleware.Lock
+//	                 (a lock key per job), middleware.Idempotency (idem.RedisStore), Retry, DeadLetter
+//	retry-once       every job retried once (consumer.Retry(0, err) on its first attempt)
+//	snooze-once      every job snoozed once (consumer.Snooze(0) on its first run)
+//	latency          enqueue-to-handler p50/p99 at -rate jobs/s for -latency-for
+//	rss              peak RSS (VmHWM of a child process) draining a -backlog-rss backlog
+//
+// Every job carries the same 100-byte payload. Each run checks that exactly
+// the jobs enqueued ran, each as often as the phase intends (distinct jobs
+// counted by the handler), and that the queue is empty after it, and fails
+// loudly otherwise; it then deletes its keys (a SCAN of the run's hash tag
+// and of its lock and idempotency prefixes).
+//
+// The floor and Pelican alternate within each round (floor first in odd
+// rounds, Pelican first in even ones), so that a burst of load from
+// elsewhere on the machine hits both; the tables show medians over rounds,
+// the ratios are medians of the rounds' ratios. Redis CPU is the server's
+// whole CPU: on a shared Redis, others' commands count too, on both sides.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"log"
-	"log/slog"
+	"math/rand/v2"
 	"os"
+	"os/signal"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
-	"sync"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/pelicanqueue/pelican/consumer"
-	"github.com/pelicanqueue/pelican/stream"
 	"github.com/redis/go-redis/v9"
 )
 
+// allPhases are the phases, in the order they run.
+var allPhases = []string{"produce", "consume", "produce-consume", "mid-chain", "full-chain",
+	"retry-once", "snooze-once", "latency", "rss"}
+
+type bench struct {
+	rdb        *redis.Client
+	addr       string
+	pool       int
+	runID      string
+	n          int
+	rate       int
+	latencyFor time.Duration
+	prof       *profileReq // profile the next measured run
+}
+
 func main() {
 	addr := flag.String("addr", envOr("REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
-	jobs := flag.Int("jobs", 200000, "jobs per throughput phase")
-	rate := flag.Int("rate", 2000, "jobs/s for the latency phase")
-	latencyFor := flag.Duration("latency-for", 5*time.Second, "duration of the latency phase")
-	concurrency := flag.Int("concurrency", 200, "Pelican consumer concurrency")
+	pool := flag.Int("pool", 0, "go-redis PoolSize (0: the go-redis default, 10 per GOMAXPROCS)")
+	jobs := flag.Int("jobs", 200000, "jobs per run of a throughput phase")
 	rounds := flag.Int("rounds", 3, "rounds of floor and Pelican, alternating")
-	policyJobs := flag.Int("policy-jobs", 50000, "jobs per failure-policy phase (0 skips them)")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the Pelican consume phase to this file")
-	memprofile := flag.String("memprofile", "", "write an allocation profile of the Pelican consume phase to this file")
+	rate := flag.Int("rate", 2000, "jobs/s of the latency phase")
+	latencyFor := flag.Duration("latency-for", 5*time.Second, "duration of each latency run")
+	backlogRSS := flag.Int("backlog-rss", 1000000, "backlog drained by the rss phase (0 skips it)")
+	concFlag := flag.String("concurrency", "0,50", "consumer concurrencies of the Pelican consume and latency phases (0: the default Config)")
+	phasesFlag := flag.String("phases", strings.Join(allPhases, ","), "phases to run, a comma list of: "+strings.Join(allPhases, ", "))
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of one extra run of -profile-phase to this file")
+	memprofile := flag.String("memprofile", "", "write allocation profiles (FILE.base before, FILE after) of one extra run of -profile-phase")
+	profilePhase := flag.String("profile-phase", "", "the run to profile: a row key such as full-chain@default or consume@50, floor:KEY for the floor's side")
 	retention := flag.Int("retention", 0, "run only the retention phase: this many jobs through one queue, then the consume phase with settled entries deleted vs kept")
 	backlog := flag.Int("backlog", 100000, "retention phase: how far the producer may run ahead of the consumer")
 	flag.Parse()
 
-	rdb := redis.NewClient(&redis.Options{Addr: *addr, PoolSize: 32})
-	defer rdb.Close()
-	ctx := context.Background()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		log.Fatalf("redis at %s: %v", *addr, err)
+	usage := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "pelican-bench: "+format+"\n", args...)
+		os.Exit(2)
 	}
-	b := &bench{rdb: rdb, n: *jobs, concurrency: *concurrency, cpuprofile: *cpuprofile, memprofile: *memprofile, payload: []byte(`{"user":12345,"action":"noop"}`)}
+	if *jobs <= 0 || *rounds <= 0 || *rate <= 0 || *latencyFor <= 0 || *backlogRSS < 0 || *pool < 0 || *retention < 0 || *backlog <= 0 {
+		usage("-jobs, -rounds, -rate, -latency-for and -backlog must be positive; -backlog-rss, -pool and -retention not negative")
+	}
+	concs, err := parseConcurrency(*concFlag)
+	if err != nil {
+		usage("-concurrency: %v", err)
+	}
+	phases := map[string]bool{}
+	for _, p := range strings.Split(*phasesFlag, ",") {
+		if p = strings.TrimSpace(p); !slices.Contains(allPhases, p) {
+			usage("-phases: unknown phase %q (known: %s)", p, strings.Join(allPhases, ", "))
+		}
+		phases[p] = true
+	}
 
-	fmt.Printf("pelican-bench: %d jobs per phase, Redis %s, GOMAXPROCS %d\n\n", *jobs, *addr, runtime.GOMAXPROCS(0))
-	if *retention > 0 {
-		b.retention(ctx, *retention, *backlog, *rounds)
+	b := &bench{addr: *addr, pool: *pool, runID: fmt.Sprintf("%08x", rand.Uint32()), n: *jobs, rate: *rate, latencyFor: *latencyFor}
+	if id := os.Getenv(envRunID); id != "" {
+		b.runID = id
+	}
+	rows := b.rows(phases, concs)
+	var profRow *row
+	profFloor := false
+	if (*cpuprofile != "" || *memprofile != "") != (*profilePhase != "") {
+		usage("-profile-phase goes with -cpuprofile or -memprofile")
+	}
+	if *profilePhase != "" {
+		key, floor := strings.CutPrefix(*profilePhase, "floor:")
+		for i := range rows {
+			if rows[i].key == key {
+				profRow, profFloor = &rows[i], floor
+			}
+		}
+		if profRow == nil {
+			var keys []string
+			for _, r := range rows {
+				keys = append(keys, r.key)
+			}
+			usage("-profile-phase: %q is none of the rows selected: %s", key, strings.Join(keys, ", "))
+		}
+	}
+
+	b.rdb = redis.NewClient(&redis.Options{Addr: *addr, PoolSize: *pool})
+	defer b.rdb.Close()
+	ctx := context.Background()
+	if err := b.rdb.Ping(ctx).Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "pelican-bench: redis at %s: %v\n", *addr, err)
+		os.Exit(1)
+	}
+	if side := os.Getenv(envChild); side != "" {
+		b.rssChild(ctx, side)
 		return
 	}
-	// Floor and Pelican alternate, round after round, so that a burst of
-	// load from elsewhere on the machine hits both; the table shows medians.
-	var floorProd, floorCons, pelProd, pelCons, floorAllocs, allocs []float64
-	for r := 0; r < *rounds; r++ {
-		floorProd = append(floorProd, b.floorProduce(ctx))
-		pelProd = append(pelProd, b.pelicanProduce(ctx))
-		fc, fa := b.floorConsume(ctx)
-		pc, pa := b.pelicanConsume(ctx)
-		floorCons, floorAllocs = append(floorCons, fc), append(floorAllocs, fa)
-		pelCons, allocs = append(pelCons, pc), append(allocs, pa)
-		fmt.Printf("round %d: enqueue %.0f vs %.0f (%.2f), consume %.0f vs %.0f (%.2f)\n",
-			r+1, floorProd[r], pelProd[r], pelProd[r]/floorProd[r], fc, pc, pc/fc)
+	go func() { // Ctrl-C: delete this run's keys before leaving
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		<-sig
+		fmt.Fprintln(os.Stderr, "pelican-bench: interrupted, deleting the bench's keys")
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		b.cleanupAll(cctx)
+		cancel()
+		os.Exit(130)
+	}()
+
+	fmt.Printf("pelican-bench: Redis %s at %s, GOMAXPROCS %d, load average %s; keys under {bench:%s:...} and bench:%s:...\n",
+		infoField(ctx, b.rdb, "server", "redis_version"), *addr, runtime.GOMAXPROCS(0), loadAverage(), b.runID, b.runID)
+	if *retention > 0 {
+		b.retention(ctx, *retention, *backlog, *rounds, concs[0])
+		return
 	}
-	ratios := func(pel, floor []float64) float64 {
-		r := make([]float64, len(pel))
-		for i := range pel {
-			r[i] = pel[i] / floor[i]
-		}
-		return median(r)
-	}
-	endToEnd := func(prod, cons []float64) []float64 {
-		r := make([]float64, len(prod))
-		for i := range prod {
-			r[i] = 1 / (1/prod[i] + 1/cons[i])
-		}
-		return r
-	}
-	floorAll, pelAll := endToEnd(floorProd, floorCons), endToEnd(pelProd, pelCons)
-	fmt.Printf("\nmedians of %d rounds (ratio: median of the rounds' ratios)\n%-10s %14s %14s %8s\n", *rounds, "phase", "floor jobs/s", "pelican jobs/s", "ratio")
-	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "enqueue", median(floorProd), median(pelProd), ratios(pelProd, floorProd))
-	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "consume", median(floorCons), median(pelCons), ratios(pelCons, floorCons))
-	fmt.Printf("%-10s %14.0f %14.0f %8.2f\n", "end2end", median(floorAll), median(pelAll), ratios(pelAll, floorAll))
-	fmt.Printf("\nallocations per consumed job: floor %.1f, pelican %.1f\n", median(floorAllocs), median(allocs))
+	fmt.Printf("%s jobs a run, rounds: %d, floor and Pelican alternating; 100-byte payloads, no-op handlers\n",
+		thousands(float64(*jobs)), *rounds)
 
-	if *policyJobs > 0 {
-		b.policyPhases(ctx, *policyJobs, b.extraPolicyPhases()...)
-	}
-
-	p50, p99, n := b.latency(ctx, *rate, *latencyFor)
-	fmt.Printf("latency at %d jobs/s (%d jobs): enqueue-to-handler p50 %v, p99 %v\n", *rate, n, p50, p99)
-}
-
-type bench struct {
-	rdb         *redis.Client
-	n           int
-	concurrency int
-	cpuprofile  string
-	memprofile  string
-	payload     []byte
-}
-
-func (b *bench) name(kind string) string {
-	s := fmt.Sprintf("bench:%s:%d", kind, time.Now().UnixNano())
-	keys, _ := stream.KeysFor(s)
-	return keys.Stream
-}
-
-func (b *bench) cleanup(ctx context.Context, s string) {
-	keys, _ := stream.KeysFor(s)
-	b.rdb.Del(ctx, keys.Stream, keys.Dead, keys.Delayed)
-	// The queue's locks (their fence counters have no TTL) and idempotency
-	// records, from the policy phases.
-	b.deleteKeys(ctx, keys.Lock+"*", keys.Idem+"*")
-}
-
-func (b *bench) floorProduce(ctx context.Context) float64 {
-	s := b.name("floor-produce")
-	defer b.cleanup(ctx, s)
-	start := time.Now()
-	b.rawFill(ctx, s)
-	return float64(b.n) / time.Since(start).Seconds()
-}
-
-// rawFill adds n entries with pipelined XADD in batches of 100.
-func (b *bench) rawFill(ctx context.Context, s string) {
-	for i := 0; i < b.n; i += 100 {
-		pipe := b.rdb.Pipeline()
-		for j := i; j < min(i+100, b.n); j++ {
-			pipe.XAdd(ctx, &redis.XAddArgs{Stream: s, Values: []any{"type", "bench", "payload", b.payload}})
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			log.Fatal(err)
-		}
-	}
-}
-
-func (b *bench) floorConsume(ctx context.Context) (rate, allocsPerJob float64) {
-	s := b.name("floor-consume")
-	defer b.cleanup(ctx, s)
-	b.rawFill(ctx, s)
-	if err := b.rdb.XGroupCreate(ctx, s, "g", "0").Err(); err != nil {
-		log.Fatal(err)
-	}
-	noop := func(redis.XMessage) {}
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	start := time.Now()
-	for done := 0; done < b.n; {
-		res, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{s, ">"}, Count: 100, Block: time.Second}).Result()
-		if err != nil {
-			log.Fatal(err)
-		}
-		msgs := res[0].Messages
-		ids := make([]string, len(msgs))
-		for i, m := range msgs {
-			noop(m)
-			ids[i] = m.ID
-		}
-		if err := b.rdb.XAck(ctx, s, "g", ids...).Err(); err != nil {
-			log.Fatal(err)
-		}
-		done += len(msgs)
-	}
-	elapsed := time.Since(start)
-	runtime.ReadMemStats(&after)
-	return float64(b.n) / elapsed.Seconds(), float64(after.Mallocs-before.Mallocs) / float64(b.n)
-}
-
-func (b *bench) pelicanFill(ctx context.Context, s string) {
-	p := stream.NewProducer(b.rdb, stream.ProducerConfig{Stream: s})
-	batch := make([]*stream.Job, 0, 100)
-	for i := 0; i < b.n; i++ {
-		batch = append(batch, &stream.Job{Type: "bench", Payload: b.payload})
-		if len(batch) == 100 || i == b.n-1 {
-			if _, err := p.EnqueueBatch(ctx, batch); err != nil {
-				log.Fatal(err)
+	b.warmUp(ctx)
+	res := make([][]pair, len(rows))
+	for r := 1; r <= *rounds; r++ {
+		fmt.Printf("\nround %d of %d (load average %s)\n", r, *rounds, loadAverage())
+		for i, rw := range rows {
+			var p pair
+			floorTag, pelTag := b.tag(rw.key, strconv.Itoa(r), "floor"), b.tag(rw.key, strconv.Itoa(r), "pelican")
+			if r%2 == 1 {
+				p.floor, p.pel = rw.floor(ctx, floorTag), rw.pel(ctx, pelTag)
+			} else {
+				p.pel, p.floor = rw.pel(ctx, pelTag), rw.floor(ctx, floorTag)
 			}
-			batch = batch[:0]
+			res[i] = append(res[i], p)
+			fmt.Println("  " + rw.roundLine(p))
+		}
+	}
+	if len(rows) > 0 {
+		fmt.Printf("\nmedians of %d rounds (ratios: medians of the rounds' ratios); load average %s\n\n", *rounds, loadAverage())
+		printTables(rows, res, *rate)
+	}
+
+	if phases["rss"] && *backlogRSS > 0 {
+		fmt.Printf("\ndraining a backlog of %s jobs in a child process (default Config)...\n", thousands(float64(*backlogRSS)))
+		fl := b.rssRun(ctx, "floor", *backlogRSS)
+		pe := b.rssRun(ctx, "pelican", *backlogRSS)
+		fmt.Printf("\n| drain a %s-job backlog, child process | floor | Pelican (default Config) |\n|---|---|---|\n",
+			thousands(float64(*backlogRSS)))
+		fmt.Printf("| peak RSS (VmHWM) | %.1f MiB | %.1f MiB |\n", float64(fl.hwmKiB)/1024, float64(pe.hwmKiB)/1024)
+		fmt.Printf("| RSS before draining | %.1f MiB | %.1f MiB |\n", float64(fl.startKiB)/1024, float64(pe.startKiB)/1024)
+		fmt.Printf("| jobs/s | %s | %s |\n", thousands(fl.r.rate()), thousands(pe.r.rate()))
+		fmt.Printf("| CPU µs/job (child + Redis) | %.1f | %.1f |\n", fl.r.cpuPerJob(), pe.r.cpuPerJob())
+	}
+
+	if profRow != nil {
+		side, run := "pelican", profRow.pel
+		if profFloor {
+			side, run = "floor", profRow.floor
+		}
+		b.prof = &profileReq{cpu: *cpuprofile, mem: *memprofile}
+		r := run(ctx, b.tag(profRow.key, "profile", side))
+		b.prof = nil
+		fmt.Printf("\nprofiled one extra run of %s (%s): %s jobs/s, %.1f CPU µs/job (not in the tables)\n",
+			profRow.key, side, thousands(r.rate()), r.cpuPerJob())
+		if *cpuprofile != "" {
+			fmt.Printf("  go tool pprof -top %s\n", *cpuprofile)
+		}
+		if *memprofile != "" {
+			fmt.Printf("  go tool pprof -sample_index=alloc_space -top -base %s.base %s\n", *memprofile, *memprofile)
+		}
+	}
+	b.cleanupAll(ctx)
+}
+
+// row is one line of the tables: a phase at one concurrency, measured on
+// both sides.
+type row struct {
+	key     string // phase@concurrency, for -profile-phase
+	phase   string
+	label   string
+	latency bool
+	floor   func(ctx context.Context, tag string) result
+	pel     func(ctx context.Context, tag string) result
+}
+
+// pair is one round of a row.
+type pair struct{ floor, pel result }
+
+// rows returns the rows of the selected phases.
+func (b *bench) rows(phases map[string]bool, concs []int) []row {
+	var rows []row
+	add := func(r row) {
+		if phases[r.phase] {
+			rows = append(rows, r)
+		}
+	}
+	add(row{key: "produce", phase: "produce", label: "produce (batches of 100)", floor: b.floorProduce, pel: b.pelicanProduce})
+	for _, spec := range []struct {
+		phase, label string
+		v            variant
+	}{
+		{"consume", "consume a backlog", variant{}},
+		{"produce-consume", "produce + consume together", variant{produce: true}},
+		{"mid-chain", "mid chain (metrics, Retry, DeadLetter)", variant{chain: "mid"}},
+		{"full-chain", "full chain (tracing 1% sampled, metrics, Lock, Idempotency, Retry, DeadLetter)", variant{chain: "full"}},
+		{"retry-once", "every job retried once", variant{mode: retryOnce}},
+		{"snooze-once", "every job snoozed once", variant{mode: snoozeOnce}},
+	} {
+		for _, c := range concs {
+			v := spec.v
+			v.conc = c
+			add(row{key: spec.phase + "@" + concKey(c), phase: spec.phase, label: spec.label + ", " + concLabel(c),
+				floor: func(ctx context.Context, tag string) result { return b.floorConsume(ctx, tag, v.produce) },
+				pel:   func(ctx context.Context, tag string) result { return b.pelicanConsume(ctx, tag, v) }})
+		}
+	}
+	for _, c := range concs {
+		add(row{key: "latency@" + concKey(c), phase: "latency", label: concLabel(c), latency: true,
+			floor: b.floorLatency,
+			pel:   func(ctx context.Context, tag string) result { return b.pelicanLatency(ctx, tag, c) }})
+	}
+	return rows
+}
+
+// warmUp runs both producers once, unmeasured, so that the first measured
+// run does not pay for dialing connections and growing the heap.
+func (b *bench) warmUp(ctx context.Context) {
+	saved := b.n
+	b.n = min(b.n, 10000)
+	b.floorProduce(ctx, b.tag("warm-up", "0", "floor"))
+	b.pelicanProduce(ctx, b.tag("warm-up", "0", "pelican"))
+	b.n = saved
+}
+
+// tag returns the hash tag of one run: every key of the run starts with
+// {tag} or tag:.
+func (b *bench) tag(key, round, side string) string {
+	return fmt.Sprintf("bench:%s:%s:r%s:%s", b.runID, strings.ReplaceAll(key, "@", "-"), round, side)
+}
+
+func (rw row) roundLine(p pair) string {
+	if rw.latency {
+		return fmt.Sprintf("%-24s floor p50 %s p99 %s %5.1f µs/job | pelican p50 %s p99 %s %5.1f µs/job | p99 ×%.2f, CPU ×%.2f",
+			rw.key, fmtDur(p.floor.p50), fmtDur(p.floor.p99), p.floor.cpuPerJob(),
+			fmtDur(p.pel.p50), fmtDur(p.pel.p99), p.pel.cpuPerJob(),
+			ratio(p.pel.p99.Seconds(), p.floor.p99.Seconds()), ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()))
+	}
+	return fmt.Sprintf("%-24s floor %9s jobs/s %5.1f µs/job %4.1f allocs/job | pelican %9s jobs/s %5.1f µs/job %4.1f allocs/job | ratio %.2f, CPU ×%.2f",
+		rw.key, thousands(p.floor.rate()), p.floor.cpuPerJob(), p.floor.allocsPerJob(),
+		thousands(p.pel.rate()), p.pel.cpuPerJob(), p.pel.allocsPerJob(),
+		ratio(p.pel.rate(), p.floor.rate()), ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()))
+}
+
+// printTables prints the medians as markdown tables.
+func printTables(rows []row, res [][]pair, rate int) {
+	col := func(ps []pair, f func(pair) float64) float64 {
+		xs := make([]float64, len(ps))
+		for i, p := range ps {
+			xs[i] = f(p)
+		}
+		return median(xs)
+	}
+	var through, lat []int
+	for i, rw := range rows {
+		if rw.latency {
+			lat = append(lat, i)
+		} else {
+			through = append(through, i)
+		}
+	}
+	if len(through) > 0 {
+		fmt.Println("| phase | floor jobs/s | Pelican jobs/s | ratio | floor CPU µs/job | Pelican CPU µs/job | CPU ratio |")
+		fmt.Println("|---|---|---|---|---|---|---|")
+		for _, i := range through {
+			ps := res[i]
+			fmt.Printf("| %s | %s | %s | %.2f | %.1f | %.1f | %.2f |\n", rows[i].label,
+				thousands(col(ps, func(p pair) float64 { return p.floor.rate() })),
+				thousands(col(ps, func(p pair) float64 { return p.pel.rate() })),
+				col(ps, func(p pair) float64 { return ratio(p.pel.rate(), p.floor.rate()) }),
+				col(ps, func(p pair) float64 { return p.floor.cpuPerJob() }),
+				col(ps, func(p pair) float64 { return p.pel.cpuPerJob() }),
+				col(ps, func(p pair) float64 { return ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()) }))
+		}
+		// The retried and snoozed phases against the bare consumer at the
+		// same concurrency, round by round.
+		byKey := map[string][]pair{}
+		for i, rw := range rows {
+			byKey[rw.key] = res[i]
+		}
+		for _, i := range through {
+			rw := rows[i]
+			if rw.phase != "retry-once" && rw.phase != "snooze-once" {
+				continue
+			}
+			bare := byKey["consume@"+strings.TrimPrefix(rw.key, rw.phase+"@")]
+			if len(bare) != len(res[i]) {
+				continue
+			}
+			xs := make([]float64, len(bare))
+			for r := range bare {
+				xs[r] = ratio(res[i][r].pel.rate(), bare[r].pel.rate())
+			}
+			fmt.Printf("\n%s: Pelican jobs/s ÷ bare consume at the same concurrency: %.2f", rw.label, median(xs))
+		}
+		fmt.Println()
+	}
+	if len(lat) > 0 {
+		fmt.Printf("\n| enqueue-to-handler at %s jobs/s | floor p50 | floor p99 | Pelican p50 | Pelican p99 | p99 ratio | floor CPU µs/job | Pelican CPU µs/job | CPU ratio |\n",
+			thousands(float64(rate)))
+		fmt.Println("|---|---|---|---|---|---|---|---|---|")
+		dur := func(ps []pair, f func(pair) time.Duration) string {
+			return fmtDur(time.Duration(col(ps, func(p pair) float64 { return float64(f(p)) })))
+		}
+		for _, i := range lat {
+			ps := res[i]
+			fmt.Printf("| %s | %s | %s | %s | %s | %.2f | %.1f | %.1f | %.2f |\n", rows[i].label,
+				dur(ps, func(p pair) time.Duration { return p.floor.p50 }),
+				dur(ps, func(p pair) time.Duration { return p.floor.p99 }),
+				dur(ps, func(p pair) time.Duration { return p.pel.p50 }),
+				dur(ps, func(p pair) time.Duration { return p.pel.p99 }),
+				col(ps, func(p pair) float64 { return ratio(p.pel.p99.Seconds(), p.floor.p99.Seconds()) }),
+				col(ps, func(p pair) float64 { return p.floor.cpuPerJob() }),
+				col(ps, func(p pair) float64 { return p.pel.cpuPerJob() }),
+				col(ps, func(p pair) float64 { return ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()) }))
 		}
 	}
 }
 
-func (b *bench) pelicanProduce(ctx context.Context) float64 {
-	s := b.name("pelican-produce")
-	defer b.cleanup(ctx, s)
-	start := time.Now()
-	b.pelicanFill(ctx, s)
-	return float64(b.n) / time.Since(start).Seconds()
+// parseConcurrency parses -concurrency: a comma list of distinct
+// concurrencies, 0 for the default Config.
+func parseConcurrency(s string) ([]int, error) {
+	var cs []int
+	for _, f := range strings.Split(s, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 0 {
+			return nil, fmt.Errorf("%q is not a concurrency (0 for the default Config, or a positive number)", f)
+		}
+		if slices.Contains(cs, c) {
+			return nil, fmt.Errorf("%d given twice", c)
+		}
+		cs = append(cs, c)
+	}
+	return cs, nil
 }
 
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
-func (b *bench) pelicanConsume(ctx context.Context) (rate, allocsPerJob float64) {
-	s := b.name("pelican-consume")
-	defer b.cleanup(ctx, s)
-	b.pelicanFill(ctx, s)
-	var wg sync.WaitGroup
-	wg.Add(b.n)
-	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: "g", Concurrency: b.concurrency, Logger: quiet()}).
-		Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error { wg.Done(); return nil }))
-	runCtx, cancel := context.WithCancel(ctx)
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	if b.cpuprofile != "" {
-		f, err := os.Create(b.cpuprofile)
-		if err != nil {
-			log.Fatal(err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			log.Fatal(err)
-		}
-		defer pprof.StopCPUProfile()
+func concKey(c int) string {
+	if c == 0 {
+		return "default"
 	}
-	start := time.Now()
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(runCtx) }()
-	wg.Wait()
-	for c.Stats().Acked < uint64(b.n) {
-		time.Sleep(time.Millisecond)
-	}
-	elapsed := time.Since(start)
-	runtime.ReadMemStats(&after)
-	if b.memprofile != "" {
-		f, err := os.Create(b.memprofile)
-		if err != nil {
-			log.Fatal(err)
-		}
-		defer f.Close()
-		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
-			log.Fatal(err)
-		}
-	}
-	cancel()
-	if err := <-errc; err != nil {
-		log.Fatal(err)
-	}
-	if p, _ := b.rdb.XPending(ctx, s, "g").Result(); p == nil || p.Count != 0 {
-		log.Fatalf("pelican consume: pending left: %+v", p)
-	}
-	return float64(b.n) / elapsed.Seconds(), float64(after.Mallocs-before.Mallocs) / float64(b.n)
+	return strconv.Itoa(c)
 }
 
-// latency enqueues single jobs at a steady rate and measures the time from
-// just before XADD to the handler's first line.
-func (b *bench) latency(ctx context.Context, rate int, d time.Duration) (p50, p99 time.Duration, n int) {
-	s := b.name("latency")
-	defer b.cleanup(ctx, s)
-	total := int(float64(rate) * d.Seconds())
-	lat := make([]time.Duration, 0, total)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	wg.Add(total)
-	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: "g", Concurrency: 50, StartID: "$", Logger: quiet()}).
-		Handle(consumer.HandlerFunc(func(_ context.Context, j *stream.Job) error {
-			sent, _ := strconv.ParseInt(j.Headers["sent"], 10, 64)
-			l := time.Since(time.Unix(0, sent))
-			mu.Lock()
-			lat = append(lat, l)
-			mu.Unlock()
-			wg.Done()
-			return nil
-		}))
-	runCtx, cancel := context.WithCancel(ctx)
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(runCtx) }()
-	// Wait until the group exists so no job is missed with StartID "$".
-	for b.rdb.XInfoGroups(ctx, s).Err() != nil {
-		time.Sleep(time.Millisecond)
+func concLabel(c int) string {
+	if c == 0 {
+		return fmt.Sprintf("default Config (Concurrency %d)", consumer.DefaultConcurrency)
 	}
-	time.Sleep(100 * time.Millisecond)
-	p := stream.NewProducer(b.rdb, stream.ProducerConfig{Stream: s})
-	interval := time.Second / time.Duration(rate)
-	start := time.Now()
-	for i := 0; i < total; i++ {
-		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
-			time.Sleep(wait)
-		}
-		j := &stream.Job{Type: "lat", Payload: b.payload, Headers: map[string]string{"sent": strconv.FormatInt(time.Now().UnixNano(), 10)}}
-		if _, err := p.Enqueue(ctx, j); err != nil {
-			log.Fatal(err)
-		}
-	}
-	wg.Wait()
-	cancel()
-	if err := <-errc; err != nil {
-		log.Fatal(err)
-	}
-	slices.Sort(lat)
-	return lat[len(lat)/2], lat[len(lat)*99/100], len(lat)
+	return fmt.Sprintf("Concurrency %d", c)
 }
 
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// thousands formats x rounded, with thousands separators.
+func thousands(x float64) string {
+	s := strconv.FormatInt(int64(x+0.5), 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+func fmtDur(d time.Duration) string {
+	if d < 10*time.Millisecond {
+		return fmt.Sprintf("%.0f µs", float64(d.Nanoseconds())/1e3)
+	}
+	return fmt.Sprintf("%.1f ms", float64(d.Nanoseconds())/1e6)
 }
 
 func envOr(k, def string) string {

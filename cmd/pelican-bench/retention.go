@@ -3,31 +3,29 @@ package main
 import (
 	"context"
 	"fmt"
-	"log"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/stream"
-	"github.com/redis/go-redis/v9"
 )
 
-// retention runs n jobs through one queue with the default configuration
-// (settled entries deleted by the consumers), the producer kept at most
+// retention runs n jobs through one queue with settled entries deleted by
+// the consumers (the default), the producer kept at most
 // backlog jobs ahead, and prints the stream's length and Redis used_memory
 // as it goes, so a reader sees whether both stay flat. Then it compares the
 // consume phase with and without the deletion (Config.KeepSettled), in
-// alternating rounds, with client and Redis CPU per job.
-func (b *bench) retention(ctx context.Context, n, backlog, rounds int) {
-	s := b.name("retention")
-	defer b.cleanup(ctx, s)
-	fmt.Printf("\nretention: %d jobs through one queue, default Config, producer at most %d jobs ahead\n", n, backlog)
+// alternating rounds, with client and Redis CPU per job. Its consumers run
+// at concurrency conc (0: the default Config).
+func (b *bench) retention(ctx context.Context, n, backlog, rounds, conc int) {
+	tag := b.tag("retention", "0", "pelican")
+	s := streamOf(tag)
+	defer b.cleanupRun(ctx, tag)
+	fmt.Printf("\nretention: %d jobs through one queue, %s, producer at most %d jobs ahead\n", n, concLabel(conc), backlog)
 	var done atomic.Int64
-	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: "g", Concurrency: b.concurrency, Logger: quiet()}).
+	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: pelicanGroup, Concurrency: conc, Logger: quiet()}).
 		Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error { done.Add(1); return nil }))
 	runCtx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
@@ -59,10 +57,10 @@ func (b *bench) retention(ctx context.Context, n, backlog, rounds int) {
 		}
 		batch := make([]*stream.Job, min(100, n-sent))
 		for i := range batch {
-			batch[i] = &stream.Job{Type: "bench", Payload: b.payload}
+			batch[i] = &stream.Job{Type: "bench", Payload: payload(sent + i)}
 		}
 		if _, err := p.EnqueueBatch(ctx, batch); err != nil {
-			log.Fatal(err)
+			b.fatalf("retention: %v", err)
 		}
 		sent += len(batch)
 	}
@@ -72,7 +70,7 @@ func (b *bench) retention(ctx context.Context, n, backlog, rounds int) {
 	sample()
 	cancel()
 	if err := <-errc; err != nil {
-		log.Fatal(err)
+		b.fatalf("retention: %v", err)
 	}
 	fmt.Printf("  %d jobs in %.0fs: stream length at most %d; used_memory between %.1f and %.1f MB\n",
 		n, time.Since(start).Seconds(), maxLen, float64(minMem)/(1<<20), float64(maxMem)/(1<<20))
@@ -80,8 +78,8 @@ func (b *bench) retention(ctx context.Context, n, backlog, rounds int) {
 	fmt.Printf("\nconsume %d jobs: settled entries deleted (default) vs kept (KeepSettled), alternating\n", b.n)
 	var del, keep []float64
 	for r := 0; r < rounds; r++ {
-		dr, dc := b.consumeSettled(ctx, false)
-		kr, kc := b.consumeSettled(ctx, true)
+		dr, dc := b.consumeSettled(ctx, conc, false, r)
+		kr, kc := b.consumeSettled(ctx, conc, true, r)
 		del, keep = append(del, dr), append(keep, kr)
 		fmt.Printf("round %d: deleted %.0f jobs/s (%.1f µs CPU/job), kept %.0f jobs/s (%.1f µs CPU/job), ratio %.2f\n",
 			r+1, dr, dc, kr, kc, dr/kr)
@@ -95,13 +93,14 @@ func (b *bench) retention(ctx context.Context, n, backlog, rounds int) {
 
 // consumeSettled consumes a backlog of b.n jobs and returns jobs/s and CPU
 // µs per job (this process plus Redis).
-func (b *bench) consumeSettled(ctx context.Context, keep bool) (rate, cpuPerJob float64) {
-	s := b.name("consume-settled")
-	defer b.cleanup(ctx, s)
-	b.pelicanFill(ctx, s)
+func (b *bench) consumeSettled(ctx context.Context, conc int, keep bool, round int) (rate, cpuPerJob float64) {
+	tag := b.tag("consume-settled-"+strconv.FormatBool(keep), strconv.Itoa(round), "pelican")
+	s := streamOf(tag)
+	defer b.cleanupRun(ctx, tag)
+	b.pelicanFill(ctx, s, b.n)
 	var wg sync.WaitGroup
 	wg.Add(b.n)
-	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: "g", Concurrency: b.concurrency, Logger: quiet(), KeepSettled: keep}).
+	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: pelicanGroup, Concurrency: conc, Logger: quiet(), KeepSettled: keep}).
 		Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error { wg.Done(); return nil }))
 	runCtx, cancel := context.WithCancel(ctx)
 	cpu0 := processCPU() + redisCPU(ctx, b.rdb)
@@ -116,50 +115,14 @@ func (b *bench) consumeSettled(ctx context.Context, keep bool) (rate, cpuPerJob 
 	cpu := processCPU() + redisCPU(ctx, b.rdb) - cpu0
 	cancel()
 	if err := <-errc; err != nil {
-		log.Fatal(err)
+		b.fatalf("retention: %v", err)
 	}
 	if st := c.Stats(); st.Acked != uint64(b.n) {
-		log.Fatalf("consume: %d acked, want %d", st.Acked, b.n)
+		b.fatalf("consume: %d acked, want %d", st.Acked, b.n)
 	}
 	left := b.rdb.XLen(ctx, s).Val()
 	if !keep && left != 0 || keep && left != int64(b.n) {
-		log.Fatalf("consume (keep %v): %d entries left in the stream", keep, left)
+		b.fatalf("consume (keep %v): %d entries left in the stream", keep, left)
 	}
 	return float64(b.n) / elapsed.Seconds(), cpu.Seconds() * 1e6 / float64(b.n)
-}
-
-// processCPU returns this process's user + system CPU time.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// redisCPU returns the Redis server's user + system CPU time (INFO cpu).
-func redisCPU(ctx context.Context, rdb *redis.Client) time.Duration {
-	var total float64
-	for _, k := range []string{"used_cpu_sys", "used_cpu_user"} {
-		total += infoFloat(ctx, rdb, "cpu", k)
-	}
-	return time.Duration(total * float64(time.Second))
-}
-
-func usedMemory(ctx context.Context, rdb *redis.Client) int64 {
-	return int64(infoFloat(ctx, rdb, "memory", "used_memory"))
-}
-
-func infoFloat(ctx context.Context, rdb *redis.Client, section, key string) float64 {
-	info, err := rdb.Info(ctx, section).Result()
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, key+":"); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
 }
