@@ -126,11 +126,14 @@ func (c *Consumer) Handle(h Handler) *Consumer {
 // error naming the field when the configuration is invalid (before any
 // Redis command).
 //
-// Run starts by creating the group. If Redis does not answer, Run waits for
-// it (a service may start before its Redis), retrying with backoff until
-// Redis answers, ctx is cancelled or Shutdown is called (Run then returns
-// nil), or [Config.StartTimeout] passes; it returns at once an error that
-// waiting cannot fix, such as WRONGTYPE or NOPERM.
+// Run starts by creating the group and checking that the client's Redis
+// user may send every command the consumer sends, with its keys (on Redis
+// 7, which can tell; see docs/acl.md). If Redis does not answer, Run
+// waits for it (a service may start before its Redis), retrying with
+// backoff until Redis answers, ctx is cancelled or Shutdown is called (Run
+// then returns nil), or [Config.StartTimeout] passes; it returns at once an
+// error that waiting cannot fix, such as WRONGTYPE, NOPERM or a command the
+// user may not send (named in the error).
 //
 // A Consumer runs once: a later Run returns an error, even after the first
 // has returned, because handlers abandoned at shutdown may still be running
@@ -346,11 +349,16 @@ func (c *Consumer) createGroup(ctx context.Context, start string) error {
 
 // checkEviction warns when Redis may evict keys under memory pressure: an
 // evicted stream, pending-entries list or delayed set loses jobs silently.
-// A server that does not answer CONFIG GET (ACLs, managed services,
-// miniredis) is not checked.
+// A user that may not run CONFIG GET is warned that the policy could not be
+// checked; a server without it (managed services, miniredis) is not
+// checked.
 func (c *Consumer) checkEviction(ctx context.Context) {
 	policy, err := c.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
+		if strings.HasPrefix(err.Error(), "NOPERM") {
+			c.r.Logger.Warn("could not check that Redis never evicts keys: the Redis user may not run CONFIG GET; make sure maxmemory-policy is noeviction (evicted streams or delayed sets lose jobs without a trace)",
+				"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+		}
 		return
 	}
 	if p, ok := policy["maxmemory-policy"]; ok && p != "noeviction" {
