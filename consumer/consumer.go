@@ -90,11 +90,14 @@ func (c *Consumer) Handle(h Handler) *Consumer {
 // error naming the field when the configuration is invalid (before any
 // Redis command).
 //
-// Run starts by creating the group. If Redis does not answer, Run waits for
-// it (a service may start before its Redis), retrying with backoff until
-// Redis answers, ctx is cancelled or Shutdown is called (Run then returns
-// nil), or [Config.StartTimeout] passes; it returns at once an error that
-// waiting cannot fix, such as WRONGTYPE or NOPERM.
+// Run starts by creating the group and checking that the client's Redis
+// user may send every command the consumer sends, with its keys (on Redis
+// 7, which can tell; see docs/acl.md). If Redis does not answer, Run
+// waits for it (a service may start before its Redis), retrying with
+// backoff until Redis answers, ctx is cancelled or Shutdown is called (Run
+// then returns nil), or [Config.StartTimeout] passes; it returns at once an
+// error that waiting cannot fix, such as WRONGTYPE, NOPERM or a command the
+// user may not send (named in the error).
 //
 // A Consumer runs once: a later Run returns an error, even after the first
 // has returned, because handlers abandoned at shutdown may still be running

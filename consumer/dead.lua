@@ -89,6 +89,13 @@ if dropped > 0 then
   meta[#meta + 1] = tostring(dropped)
 end
 for _, v in ipairs(meta) do f[#f + 1] = v end
+-- Under an ACL that denies a later command, a script fails halfway and keeps
+-- what it wrote (the XACK: the job would be lost): check first (Redis 7).
+if redis.acl_check_cmd and not (redis.acl_check_cmd('XACK', KEYS[1], ARGV[1], ARGV[3])
+    and redis.acl_check_cmd('XADD', KEYS[2], '*', 'f', 'v')
+    and (tonumber(ARGV[7]) == 0 or redis.acl_check_cmd('XTRIM', KEYS[2], 'MAXLEN', '=', '1'))) then
+  return redis.error_reply('NOPERM the user may not run XACK, or XADD or XTRIM on the dead-letter stream')
+end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 local id = redis.call('XADD', KEYS[2], '*', unpack(f))
 local trimmed = 0

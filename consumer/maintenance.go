@@ -32,11 +32,16 @@ func (c *Consumer) createGroup(ctx context.Context, start string) error {
 
 // checkEviction warns when Redis may evict keys under memory pressure: an
 // evicted stream, pending-entries list or delayed set loses jobs silently.
-// A server that does not answer CONFIG GET (ACLs, managed services,
-// miniredis) is not checked.
+// A user that may not run CONFIG GET is warned that the policy could not be
+// checked; a server without it (managed services, miniredis) is not
+// checked.
 func (c *Consumer) checkEviction(ctx context.Context) {
 	policy, err := c.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
+		if strings.HasPrefix(err.Error(), "NOPERM") {
+			c.r.Logger.Warn("could not check that Redis never evicts keys: the Redis user may not run CONFIG GET; make sure maxmemory-policy is noeviction (evicted streams or delayed sets lose jobs without a trace)",
+				"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
+		}
 		return
 	}
 	if p, ok := policy["maxmemory-policy"]; ok && p != "noeviction" {

@@ -22,6 +22,12 @@ if delay > 0 then
   local t = redis.call('TIME')
   due = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + delay)
 end
+-- Under an ACL that denies a later command, a script fails halfway and keeps
+-- what it wrote (the XACK: the job would be lost): check first (Redis 7).
+if redis.acl_check_cmd and not (redis.acl_check_cmd('XACK', KEYS[1], ARGV[1], ARGV[3])
+    and redis.acl_check_cmd('ZADD', KEYS[2], '0', 'm') and redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v')) then
+  return redis.error_reply('NOPERM the user may not run XACK, ZADD on the delayed set, or XADD on the stream')
+end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 if delay > 0 then
   redis.call('ZADD', KEYS[2], due, ARGV[5])

@@ -10,11 +10,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// startup creates the consumer group, waiting for Redis as
-// Config.StartTimeout says, then checks the eviction policy. It returns
-// stopped when Run's context ended or Shutdown was called first (nothing has
-// started, so there is nothing to drain), and an error when Redis refused in
-// a way that waiting cannot fix, or did not answer in time.
+// startup creates the consumer group and checks the Redis user's
+// permissions, waiting for Redis as Config.StartTimeout says, then checks
+// the eviction policy. It returns stopped when Run's context ended or
+// Shutdown was called first (nothing has started, so there is nothing to
+// drain), and an error when Redis refused in a way that waiting cannot fix,
+// or did not answer in time.
 //
 // Each attempt runs in a goroutine of its own, so that a stop ends the wait
 // even when Redis is a black hole: a command whose reply never comes returns
@@ -98,10 +99,16 @@ func (c *Consumer) startup(ctx context.Context) (stopped bool, err error) {
 	}
 }
 
-// tryStart creates the group and, once it exists, checks the eviction
-// policy.
+// tryStart creates the group, checks the user's permissions and the
+// eviction policy. The group comes first: its simple command gets the plain
+// NOAUTH or NOPERM reply when the client is not authenticated or may not
+// create it, where the check's long command would get a protocol error (Redis
+// refuses long commands from unauthenticated clients).
 func (c *Consumer) tryStart(ctx context.Context) error {
 	if err := c.createGroup(ctx, c.r.StartID); err != nil {
+		return err
+	}
+	if err := c.checkPermissions(ctx); err != nil {
 		return err
 	}
 	if ctx.Err() == nil {
@@ -120,9 +127,10 @@ var fatalReplies = []string{"WRONGTYPE", "NOAUTH", "WRONGPASS", "NOPERM", "ERR u
 // waitCanFix reports whether err, from an attempt to start, may go away if
 // Run waits: a network error, a timeout, or an error reply other than
 // fatalReplies (LOADING, READONLY, MASTERDOWN, CLUSTERDOWN, OOM, too many
-// clients). A closed client never reopens.
+// clients). A closed client never reopens, and permissions denied stay
+// denied.
 func waitCanFix(err error) bool {
-	if errors.Is(err, redis.ErrClosed) {
+	if errors.Is(err, redis.ErrClosed) || errors.Is(err, errPermission) {
 		return false
 	}
 	var reply redis.Error

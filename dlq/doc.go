@@ -55,6 +55,11 @@
 // the cursor stream.DerivedKey(dead-letter stream, "replay:cursor"), so every
 // script's keys share one slot.
 //
-// This package imports stream and go-redis only; nothing imports it but the
-// CLI and applications.
+// Permissions: before it takes its lease, a Replay asks Redis (Redis 7) whether
+// the client's user may send every command a replay sends, and fails naming
+// those it may not (see docs/acl.md): a move whose XDEL is denied after its
+// XADD would double the job.
+//
+// This package imports stream, go-redis and internal helpers only; nothing
+// imports it but the CLI and applications.
 package dlq

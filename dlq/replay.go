@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/perm"
 )
 
 var (
@@ -151,6 +153,9 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 		return res, err
 	}
 
+	if err := d.checkPermissions(ctx); err != nil {
+		return res, err
+	}
 	token, err := d.acquire(ctx)
 	if err != nil {
 		return res, err
@@ -328,6 +333,41 @@ func (d *DLQ) advance(ctx context.Context, token, last string) error {
 	}
 	if n < 0 {
 		return ErrLeaseLost
+	}
+	return nil
+}
+
+// checkPermissions fails a replay before it takes its lease when the Redis
+// user may not send one of its commands. A move's XDEL comes after its XADD,
+// and a script keeps the writes made before a denied command: without XDEL,
+// each moved job would stay dead too, to be replayed again by the next
+// Replay. Servers that cannot tell (Redis 6, miniredis) are not checked.
+func (d *DLQ) checkPermissions(ctx context.Context) error {
+	need := func(use, key string, args ...string) perm.Need {
+		return perm.Need{Args: args, Key: key, Use: use}
+	}
+	needs := []perm.Need{
+		need("the replay lease", d.lease, "SET", d.lease, "t", "NX", "PX", "1"),
+		need("the replay lease", d.lease, "GET", d.lease),
+		need("the replay lease", d.lease, "PEXPIRE", d.lease, "1"),
+		need("the replay lease", d.lease, "DEL", d.lease),
+		need("the replay cursor", d.cursor, "HGETALL", d.cursor),
+		need("the replay cursor", d.cursor, "HSET", d.cursor, "f", "v"),
+		need("the replay cursor", d.cursor, "PEXPIRE", d.cursor, "1"),
+		need("the replay cursor", d.cursor, "DEL", d.cursor),
+		need("reading dead letters", d.dead, "XRANGE", d.dead, "-", "+", "COUNT", "1"),
+		need("reading dead letters", d.dead, "XREVRANGE", d.dead, "+", "-", "COUNT", "1"),
+		need("moving jobs back", d.source, "XADD", d.source, "*", "f", "v"),
+		need("moving jobs back", d.dead, "XDEL", d.dead, "0-1"),
+		need("scripts", d.dead, "EVALSHA", "0000000000000000000000000000000000000000", "4", d.dead, d.source, d.lease, d.cursor),
+		need("scripts", d.dead, "EVAL", "return 0", "4", d.dead, d.source, d.lease, d.cursor),
+	}
+	denied, checked, err := perm.Check(ctx, d.rdb, d.dead, needs)
+	switch {
+	case err != nil:
+		return fmt.Errorf("dlq: check the Redis user's permissions (a replay runs scripts on %s): %w", d.dead, err)
+	case checked && len(denied) > 0:
+		return fmt.Errorf("dlq: the Redis user may not send commands a replay needs (see docs/acl.md): %s", perm.Describe(denied))
 	}
 	return nil
 }

@@ -13,6 +13,11 @@ local lease = tonumber(ARGV[2])
 if not lease or lease < 1 or lease ~= math.floor(lease) then
   return redis.error_reply('ERR idem: lease must be a positive integer')
 end
+-- Under an ACL that denies the PEXPIRE, the HSET before it would leave a
+-- record without a TTL: check first (Redis 7).
+if redis.acl_check_cmd and not (redis.acl_check_cmd('HSET', KEYS[1], 'f', 'v') and redis.acl_check_cmd('PEXPIRE', KEYS[1], '1')) then
+  return redis.error_reply('NOPERM the user may not run HSET or PEXPIRE on the record')
+end
 local r = redis.call('HMGET', KEYS[1], 'status', 'owner', 'result', 'reason')
 if not r[1] then
   redis.call('DEL', KEYS[1])

@@ -11,6 +11,11 @@ local retention = tonumber(ARGV[5])
 if not retention or retention < 1 or retention ~= math.floor(retention) then
   return redis.error_reply('ERR idem: retention must be a positive integer')
 end
+-- Under an ACL that denies the PEXPIRE, the HSET before it would leave a
+-- record without a TTL: check first (Redis 7).
+if redis.acl_check_cmd and not (redis.acl_check_cmd('HSET', KEYS[1], 'f', 'v') and redis.acl_check_cmd('PEXPIRE', KEYS[1], '1')) then
+  return redis.error_reply('NOPERM the user may not run HSET or PEXPIRE on the record')
+end
 local r = redis.call('HMGET', KEYS[1], 'status', 'owner')
 if r[2] ~= ARGV[1] then
   return 0

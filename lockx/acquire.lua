@@ -8,6 +8,11 @@
 --          the lock is held (nothing is changed).
 -- SET NX and INCR run in one script, so no two holders of a key ever get
 -- the same fencing token and the token order is the acquisition order.
+-- Under an ACL that denies the INCR, the SET before it would hold the lock
+-- without a fencing token: check first (Redis 7).
+if redis.acl_check_cmd and not redis.acl_check_cmd('INCR', KEYS[2]) then
+  return redis.error_reply('NOPERM the user may not run INCR on the fencing counter')
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
 end

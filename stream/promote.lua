@@ -38,6 +38,13 @@ local function parse(m)
 end
 local parsed = {}
 for i, m in ipairs(due) do parsed[i] = parse(m) or false end
+-- Under an ACL that denies a later command, a script fails halfway and keeps
+-- what it wrote: check every command first (Redis 7; nothing to check on
+-- servers without ACL checks in scripts).
+if #due > 0 and redis.acl_check_cmd and not (redis.acl_check_cmd('ZREM', KEYS[2], 'm')
+    and redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v') and redis.acl_check_cmd('XADD', KEYS[3], '*', 'f', 'v')) then
+  return redis.error_reply('NOPERM the user may not run ZREM on the delayed set or XADD on the stream or its dead-letter stream')
+end
 for i, m in ipairs(due) do
   redis.call('ZREM', KEYS[2], m)
   if parsed[i] then

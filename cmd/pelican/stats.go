@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -72,7 +74,8 @@ func newStatsCmd(a *app) *cobra.Command {
 		Long: `stats shows, per stream and consumer group: length, lag, pending entries,
 the age and idle time of the oldest pending entry, consumers (idle, pending),
 delayed jobs and dead letters by reason. Without arguments it shows every
-stream of the database (dead-letter streams, ending in ":dlq", excluded).
+stream of the database (dead-letter streams, ending in ":dlq", excluded) that
+the Redis user may read: others are skipped and counted on stderr, unnamed.
 Dead letters are counted by reason over at most 100000 entries.
 
 --watch [interval] redraws in place until interrupted (default every 2s).`,
@@ -110,10 +113,16 @@ Dead letters are counted by reason over at most 100000 entries.
 }
 
 // statsOnce collects and prints the stats once; clear redraws the screen.
+//
+// Without names, it shows the streams SCAN finds that the Redis user may
+// read: a stream whose keys it may not read (NOPERM), another team's under
+// an ACL, is skipped and only counted, on stderr, so that its name appears
+// nowhere; a user that may not SCAN is told to name its streams.
 func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []string, clear bool) error {
-	if len(names) == 0 {
+	scanned := len(names) == 0
+	if scanned {
 		var err error
-		if names, err = scanStreams(ctx, rdb); err != nil {
+		if names, err = scanStreams(ctx, a, rdb); err != nil {
 			return err
 		}
 	} else {
@@ -131,12 +140,20 @@ func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []s
 		return fail(exitError, "redis TIME: %w", err)
 	}
 	all := make([]streamStats, 0, len(names))
+	skipped := 0
 	for _, s := range names {
 		st, err := collectStats(ctx, rdb, s, now)
-		if err != nil {
+		switch {
+		case scanned && noPerm(err):
+			skipped++
+			continue
+		case err != nil:
 			return err
 		}
 		all = append(all, st)
+	}
+	if skipped > 0 {
+		fmt.Fprintf(a.errOut, "pelican: skipped %d stream(s) that this Redis user may not read\n", skipped)
 	}
 	if clear {
 		fmt.Fprint(a.out, "\x1b[H\x1b[2J")
@@ -163,10 +180,12 @@ func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []s
 }
 
 // scanStreams returns the stream keys of the database (of every master in a
-// cluster), sorted, without dead-letter streams.
-func scanStreams(ctx context.Context, rdb redis.UniversalClient) ([]string, error) {
+// cluster), sorted, without dead-letter streams. A node where the user may
+// not SCAN adds none, and a note on stderr.
+func scanStreams(ctx context.Context, a *app, rdb redis.UniversalClient) ([]string, error) {
 	var mu sync.Mutex
 	var keys []string
+	var denied atomic.Bool
 	scan := func(ctx context.Context, c redis.UniversalClient) error {
 		it := c.ScanType(ctx, 0, "*", 1000, "stream").Iterator()
 		for it.Next(ctx) {
@@ -178,7 +197,12 @@ func scanStreams(ctx context.Context, rdb redis.UniversalClient) ([]string, erro
 			keys = append(keys, k)
 			mu.Unlock()
 		}
-		return it.Err()
+		err := it.Err()
+		if noPerm(err) {
+			denied.Store(true)
+			return nil
+		}
+		return err
 	}
 	var err error
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
@@ -188,6 +212,9 @@ func scanStreams(ctx context.Context, rdb redis.UniversalClient) ([]string, erro
 	}
 	if err != nil {
 		return nil, fail(exitError, "scan streams: %w", err)
+	}
+	if denied.Load() {
+		fmt.Fprintln(a.errOut, "pelican: this Redis user may not run SCAN, so stats cannot list the streams; name them: pelican stats STREAM...")
 	}
 	sort.Strings(keys)
 	return keys, nil
@@ -358,4 +385,11 @@ func optDuration(d *durationJSON) any {
 		return nil
 	}
 	return time.Duration(*d)
+}
+
+// noPerm reports whether err is a NOPERM reply: an ACL denied the command or
+// one of its keys.
+func noPerm(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "NOPERM")
 }

@@ -257,3 +257,43 @@ func TestStats_cluster(t *testing.T) {
 		}
 	}
 }
+
+// TestStats_forbiddenStreams: under an ACL limited to one team's keys, stats
+// without arguments shows that team's streams, skips the others (NOPERM)
+// without naming them, and a user that may not SCAN is told to name its
+// streams; neither fails.
+func TestStats_forbiddenStreams(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := redistest.Start(t, redistest.Options{})
+	admin := srv.Client(t)
+	for _, s := range []string{"orders", "secret-payroll", "{secret-hr}:jobs"} {
+		must(t, admin.XAdd(ctx, &redis.XAddArgs{Stream: s, Values: []any{"type", "t"}}).Err())
+		must(t, admin.XGroupCreate(ctx, s, "g", "0").Err())
+	}
+	must(t, admin.XAdd(ctx, &redis.XAddArgs{Stream: "{orders}:dlq", Values: []any{"dead_reason", "panic"}}).Err())
+	read := []any{"~orders", "~{orders}:*", "+ping", "+type", "+time", "+xlen", "+zcard", "+xinfo|groups",
+		"+xinfo|consumers", "+xpending", "+xrange"}
+	must(t, admin.Do(ctx, append([]any{"ACL", "SETUSER", "ops", "on", ">pw", "+scan"}, read...)...).Err())
+	must(t, admin.Do(ctx, append([]any{"ACL", "SETUSER", "noscan", "on", ">pw"}, read...)...).Err())
+	url := func(user string) []string { return []string{"REDIS_URL=redis://" + user + ":pw@" + srv.Addr() + "/0"} }
+
+	for _, output := range []string{"table", "json"} {
+		out, errOut, code := runCLI(t, url("ops"), "", "stats", "--output", output)
+		if code != 0 || !strings.Contains(out, "orders") || !strings.Contains(out, "panic") ||
+			!strings.Contains(errOut, "skipped 2 stream(s) that this Redis user may not read") {
+			t.Fatalf("stats (%s) as ops: exit %d\nstdout:\n%s\nstderr:\n%s", output, code, out, errOut)
+		}
+		if strings.Contains(out+errOut, "secret") || strings.Contains(out+errOut, "NOPERM") {
+			t.Fatalf("stats (%s) as ops names another team's stream or its error:\n%s\n%s", output, out, errOut)
+		}
+	}
+
+	out, errOut, code := runCLI(t, url("noscan"), "", "stats")
+	if code != 0 || !strings.Contains(errOut, "may not run SCAN") || !strings.Contains(out, "no streams") {
+		t.Fatalf("stats as noscan: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if out, errOut, code := runCLI(t, url("noscan"), "", "stats", "orders"); code != 0 || !strings.Contains(out, "orders") {
+		t.Fatalf("stats orders as noscan: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
