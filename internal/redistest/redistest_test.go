@@ -361,3 +361,41 @@ func runFake(t *testing.T, fn func(testing.TB)) string {
 	}
 	return f.fatal
 }
+
+// A StallWatch reports a stall still going on while Redis is frozen, and
+// then records the time it did not answer as one stall that covers it.
+func TestStallWatch(t *testing.T) {
+	t.Parallel()
+	s := Start(t, Options{})
+	w := WatchStalls(s.Client(t), 100*time.Millisecond)
+	defer w.Stop()
+	covers := func(from, to time.Time) bool {
+		for _, st := range w.Stalls() {
+			if !st.Start.After(from) && !st.End.Before(to) {
+				return true
+			}
+		}
+		return false
+	}
+	s.Stop()
+	stopped := time.Now()
+	time.Sleep(300 * time.Millisecond) // the stall
+	if d, least := w.Longest(), time.Since(stopped); d < least {
+		t.Errorf("while Redis is stopped: longest stall %v; want at least the %v since it was stopped", d, least)
+	}
+	resumed := time.Now() // no reply can come before
+	s.Cont()
+	deadline := resumed.Add(10 * time.Second)
+	for !covers(stopped, resumed) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stalls %v; want one covering %v to %v", w.Stalls(), stopped, resumed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d, want := w.Within(stopped, resumed), resumed.Sub(stopped); d != want {
+		t.Errorf("stalled %v of the %v Redis was stopped, want all of it", d, want)
+	}
+	if d := w.Within(resumed.Add(time.Hour), resumed.Add(2*time.Hour)); d != 0 {
+		t.Errorf("stalled %v of a time to come, want 0", d)
+	}
+}
