@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,19 +14,38 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
+// Six callers in two "processes" share one key's limit (100 per 200 ms,
+// burst 5) for a second: the limiter admits the burst plus one request per
+// 2 ms interval, no more, and no fewer than the callers gave it the chance
+// to. A request arrives between its call's start and return, so no arrival
+// can fall in a time that holds no whole call; the limiter's capacity lapses
+// only in gaps between arrivals longer than the burst, and these lie in such
+// times longer than the burst, which are not counted. A run in which they
+// take a third of the window or more (a busy machine, a slow Redis) could
+// not check the lower bound and is repeated with a longer period (a lower
+// rate).
 func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 	t.Parallel()
 	prefix, clients := distSetup(t, 2)
+	redistest.Widen(t, "per", 200*time.Millisecond, func(t *testing.T, per time.Duration) time.Duration {
+		return rateLimitAdmits(t, prefix+per.String()+":", clients, per)
+	})
+}
+
+// rateLimitAdmits runs TestRateLimiter_admitsRatePerPeriod with the period
+// per; it returns a longer one if the run could not check the lower bound.
+func rateLimitAdmits(t *testing.T, prefix string, clients []*redis.Client, per time.Duration) time.Duration {
 	const (
 		rate   = 100
-		per    = 200 * time.Millisecond
 		burst  = 5
 		window = time.Second
 	)
+	every := per / rate
 	var limiters []*middleware.RateLimiter
 	for _, rdb := range clients { // two "processes" share one key
 		l, err := middleware.NewRateLimiter(rdb, middleware.RateLimitConfig{Rate: rate, Per: per, Burst: burst, Prefix: prefix})
@@ -38,6 +57,11 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 		}
 		limiters = append(limiters, l)
 	}
+	type call struct{ start, end time.Time }
+	var (
+		mu    sync.Mutex
+		calls []call
+	)
 	var allowed atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -45,15 +69,20 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 		for range 3 {
 			wg.Go(func() {
 				for time.Since(start) < window {
+					began := time.Now()
 					ok, after, err := l.Allow(context.Background(), "api")
+					ended := time.Now()
 					if err != nil {
 						t.Error(err)
 						return
 					}
+					mu.Lock()
+					calls = append(calls, call{began, ended})
+					mu.Unlock()
 					if ok {
 						allowed.Add(1)
-					} else if after <= 0 || after > per/rate*burst {
-						t.Errorf("limited with retry-after %v, want in (0, %v]", after, per/rate*burst)
+					} else if after <= 0 || after > every*burst {
+						t.Errorf("limited with retry-after %v, want in (0, %v]", after, every*burst)
 						return
 					}
 				}
@@ -61,12 +90,49 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	want := float64(burst) + float64(rate)*window.Seconds()/per.Seconds()
-	got := float64(allowed.Load())
-	t.Logf("admitted %v in %v, want %v (%+.1f%%)", got, window, want, 100*(got-want)/want)
-	if math.Abs(got-want) > 0.05*want {
-		t.Errorf("admitted %v in %v, want %v ± 5%%", got, window, want)
+	slices.SortFunc(calls, func(a, b call) int { return a.start.Compare(b.start) })
+	// Arrivals from the first call's start to the last call's return:
+	// at most the burst and one per interval (and one for the edges).
+	span := calls[len(calls)-1].end.Sub(calls[0].start)
+	most := float64(burst) + float64(span/every) + 1
+	// The times that hold no whole call: after call i starts, until the
+	// earliest return of the calls started after it. Those longer than the
+	// burst, merged, bound the time lapsed.
+	var lapsed time.Duration
+	earliest := calls[len(calls)-1].end // of the calls after i
+	var hole call                       // the current merged time, walking back
+	for i := len(calls) - 2; i >= 0; i-- {
+		if calls[i+1].end.Before(earliest) {
+			earliest = calls[i+1].end
+		}
+		from, to := calls[i].start, earliest
+		if to.Sub(from) <= burst*every {
+			continue
+		}
+		if !hole.start.IsZero() && !to.Before(hole.start) { // overlaps: merge
+			hole.start = from
+			continue
+		}
+		lapsed += hole.end.Sub(hole.start)
+		hole = call{from, to}
 	}
+	lapsed += hole.end.Sub(hole.start)
+	covered := calls[len(calls)-1].start.Sub(calls[0].end)
+	least := float64(burst) + float64((covered-lapsed)/every) - 1
+	got := float64(allowed.Load())
+	t.Logf("admitted %v of %d requests over %v; want %v to %v (%v of it held no whole call for over the burst)",
+		got, len(calls), span.Round(time.Millisecond), least, most, lapsed.Round(time.Millisecond))
+	if got > most {
+		t.Errorf("admitted %v requests in %v, want at most %v: the burst %d and one per %v", got, span, most, burst, every)
+	}
+	if lapsed > covered/3 {
+		t.Logf("the run checked nothing of the lower bound: the callers left %v of %v without a whole call", lapsed, covered)
+		return 2 * per
+	}
+	if got < 0.95*least {
+		t.Errorf("admitted %v requests, want at least %v - 5%%: the burst %d and one per %v, less %v without calls", got, least, burst, every, lapsed)
+	}
+	return 0
 }
 
 func TestRateLimiter_burst(t *testing.T) {

@@ -399,3 +399,29 @@ func TestStallWatch(t *testing.T) {
 		t.Errorf("stalled %v of a time to come, want 0", d)
 	}
 }
+
+// A CallTimer adds up the time its client waits for replies, commands and
+// pipelines, and nothing while the client is idle.
+func TestCallTimer(t *testing.T) {
+	t.Parallel()
+	rdb := Shared(t)
+	var ct CallTimer
+	rdb.AddHook(&ct)
+	key := Name(t)
+	time.Sleep(100 * time.Millisecond) // idle: not counted
+	start := time.Now()
+	if err := rdb.BLPop(t.Context(), time.Second, key).Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("BLPOP: %v, want a timeout (redis.Nil)", err)
+	}
+	if _, err := rdb.Pipelined(t.Context(), func(p redis.Pipeliner) error {
+		p.BLPop(t.Context(), time.Second, key)
+		return nil
+	}); !errors.Is(err, redis.Nil) {
+		t.Fatalf("pipelined BLPOP: %v, want a timeout (redis.Nil)", err)
+	}
+	// At most: a new connection's handshake may be counted twice (inside
+	// the call that dials it).
+	if got, most := ct.Total(), time.Since(start)+50*time.Millisecond; got < 2*time.Second || got > most {
+		t.Errorf("Total %v after two 1 s BLPOPs in %v; want at least 2 s and at most that", got, most)
+	}
+}

@@ -151,3 +151,46 @@ func Widen(t *testing.T, name string, first time.Duration, scenario func(t *test
 		scale = max(wider, 2*scale)
 	}
 }
+
+// CallTimer is a go-redis hook that adds up the time its client spends in
+// commands and pipelines (from the call to the reply, client side
+// included): the work a paced loop did, as opposed to the time it waited.
+// Add it with AddHook. Its methods are safe for concurrent use.
+type CallTimer struct {
+	mu    sync.Mutex
+	total time.Duration
+}
+
+// Total returns the time spent in calls so far.
+func (c *CallTimer) Total() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.total
+}
+
+func (c *CallTimer) add(d time.Duration) {
+	c.mu.Lock()
+	c.total += d
+	c.mu.Unlock()
+}
+
+// DialHook implements redis.Hook.
+func (c *CallTimer) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (c *CallTimer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		start := time.Now()
+		defer func() { c.add(time.Since(start)) }()
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (c *CallTimer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		start := time.Now()
+		defer func() { c.add(time.Since(start)) }()
+		return next(ctx, cmds)
+	}
+}
