@@ -28,7 +28,10 @@ import (
 // one consumer configured by PW_* variables, whose handler does what each
 // job's payload (a [behaviour]) says, including SIGKILLing its own process
 // at a chosen point. Every start and side effect is appended to a ledger
-// file, which outlives the process, so a test can count what ran where.
+// file, with the worker's time, which outlives the process, so a test can
+// count what ran where and when. The worker also reports when it noticed
+// SIGTERM and how long it stalled (see watchStalls), so that tests derive
+// their timing bounds from what happened.
 
 func TestMain(m *testing.M) {
 	if os.Getenv("PW_WORKER") == "1" {
@@ -236,10 +239,10 @@ func (w *worker) stats() (consumer.Stats, bool) {
 	return consumer.Stats{}, false
 }
 
-// watchStalls starts a [redistest.StallWatch] on rdb in a subprocess; the
-// function it returns stops it and prints the longest stall on stderr,
-// where [worker.longestStall] finds it. Call that when the subprocess's
-// consumer has returned.
+// watchStalls starts a [redistest.StallWatch] on rdb in a subprocess and
+// returns it with a function that stops it and prints the longest stall on
+// stderr, where [worker.longestStall] finds it. Call that when the
+// subprocess's consumer has returned.
 func watchStalls(rdb redis.UniversalClient) (w *redistest.StallWatch, report func()) {
 	w = redistest.WatchStalls(rdb, 2*redistest.StallInterval)
 	return w, func() {

@@ -20,15 +20,15 @@ import (
 )
 
 // Six callers in two "processes" share one key's limit (100 per 200 ms,
-// burst 5) for a second: the limiter admits the burst plus one request per
+// burst 5) for five periods: the limiter admits the burst plus one request per
 // 2 ms interval, no more, and no fewer than the callers gave it the chance
 // to. A request arrives between its call's start and return, so no arrival
 // can fall in a time that holds no whole call; the limiter's capacity lapses
 // only in gaps between arrivals longer than the burst, and these lie in such
 // times longer than the burst, which are not counted. A run in which they
 // take a third of the window or more (a busy machine, a slow Redis) could
-// not check the lower bound and is repeated with a longer period (a lower
-// rate).
+// not check the lower bound and is repeated with a period four times as
+// long (a lower rate, a longer burst, the same five periods).
 func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 	t.Parallel()
 	prefix, clients := distSetup(t, 2)
@@ -41,11 +41,10 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 // per; it returns a longer one if the run could not check the lower bound.
 func rateLimitAdmits(t *testing.T, prefix string, clients []*redis.Client, per time.Duration) time.Duration {
 	const (
-		rate   = 100
-		burst  = 5
-		window = time.Second
+		rate  = 100
+		burst = 5
 	)
-	every := per / rate
+	every, window := per/rate, 5*per
 	var limiters []*middleware.RateLimiter
 	for _, rdb := range clients { // two "processes" share one key
 		l, err := middleware.NewRateLimiter(rdb, middleware.RateLimitConfig{Rate: rate, Per: per, Burst: burst, Prefix: prefix})
@@ -127,7 +126,7 @@ func rateLimitAdmits(t *testing.T, prefix string, clients []*redis.Client, per t
 	}
 	if lapsed > covered/3 {
 		t.Logf("the run checked nothing of the lower bound: the callers left %v of %v without a whole call", lapsed, covered)
-		return 2 * per
+		return 4 * per
 	}
 	if got < 0.95*least {
 		t.Errorf("admitted %v requests, want at least %v - 5%%: the burst %d and one per %v, less %v without calls", got, least, burst, every, lapsed)
