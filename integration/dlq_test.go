@@ -307,10 +307,35 @@ func clusterDLQ(t *testing.T, cc *redis.ClusterClient, name string) {
 			t.Fatal(err)
 		}
 	}
-	// 5 moves at 100/s take 40 ms: the lease is renewed every 20 ms.
-	res, err := d.Replay(ctx, dlq.Filter{Types: []string{"replay"}}, dlq.ReplayOptions{Rate: 100})
-	if err != nil || res.Replayed != 5 {
-		t.Fatalf("dlq replay on the cluster: %+v, %v", res, err)
+	// 5 moves at 100/s take 40 ms: the lease is renewed every 20 ms. A
+	// replay that lost its lease while this process or the cluster stalled
+	// for a renewal interval or more (a busy machine) resumes with a lease
+	// four times as long and the same number of renewals.
+	stalls := redistest.WatchStalls(cc, 2*redistest.StallInterval)
+	defer stalls.Stop()
+	replayed := 0
+	for ttl, rate := 60*time.Millisecond, 100.0; ; ttl, rate = 4*ttl, rate/4 {
+		d, err := dlq.New(cc, source, dlq.Config{LeaseTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		res, err := d.Replay(ctx, dlq.Filter{Types: []string{"replay"}}, dlq.ReplayOptions{Rate: rate})
+		replayed += res.Replayed
+		if err == nil {
+			break
+		}
+		if stalled := stalls.Within(began, time.Now()); !errors.Is(err, dlq.ErrLeaseLost) || stalled < ttl/3 || ttl > 5*time.Second {
+			t.Fatalf("dlq replay on the cluster with a %v lease: %+v, %v (%v stalled)", ttl, res, err, stalled)
+		}
+		t.Logf("dlq replay on the cluster lost its %v lease after %d moves, %v stalled: again with a longer one", ttl, res.Replayed, stalls.Within(began, time.Now()))
+		eventually(t, time.Minute, func() (bool, string) {
+			n, err := cc.Exists(ctx, lease).Result()
+			return err == nil && n == 0, "the lost lease is still there"
+		})
+	}
+	if replayed != 5 {
+		t.Fatalf("dlq replay on the cluster replayed %d jobs, want 5", replayed)
 	}
 	if n, err := d.Purge(ctx, dlq.Filter{}, dlq.PurgeOptions{}); err != nil || n != 5 {
 		t.Fatalf("dlq purge on the cluster: %d, %v", n, err)
