@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,10 +55,9 @@ func rateLimitAdmits(t *testing.T, prefix string, clients []*redis.Client, per t
 		}
 		limiters = append(limiters, l)
 	}
-	type call struct{ start, end time.Time }
 	var (
 		mu    sync.Mutex
-		calls []call
+		calls []redistest.Call
 	)
 	var allowed atomic.Int64
 	start := time.Now()
@@ -76,7 +74,7 @@ func rateLimitAdmits(t *testing.T, prefix string, clients []*redis.Client, per t
 						return
 					}
 					mu.Lock()
-					calls = append(calls, call{began, ended})
+					calls = append(calls, redistest.Call{Start: began, End: ended})
 					mu.Unlock()
 					if ok {
 						allowed.Add(1)
@@ -89,34 +87,15 @@ func rateLimitAdmits(t *testing.T, prefix string, clients []*redis.Client, per t
 		}
 	}
 	wg.Wait()
-	slices.SortFunc(calls, func(a, b call) int { return a.start.Compare(b.start) })
+	first, last := redistest.CallBounds(calls)
 	// Arrivals from the first call's start to the last call's return:
 	// at most the burst and one per interval (and one for the edges).
-	span := calls[len(calls)-1].end.Sub(calls[0].start)
+	span := last.End.Sub(first.Start)
 	most := float64(burst) + float64(span/every) + 1
-	// The times that hold no whole call: after call i starts, until the
-	// earliest return of the calls started after it. Those longer than the
-	// burst, merged, bound the time lapsed.
-	var lapsed time.Duration
-	earliest := calls[len(calls)-1].end // of the calls after i
-	var hole call                       // the current merged time, walking back
-	for i := len(calls) - 2; i >= 0; i-- {
-		if calls[i+1].end.Before(earliest) {
-			earliest = calls[i+1].end
-		}
-		from, to := calls[i].start, earliest
-		if to.Sub(from) <= burst*every {
-			continue
-		}
-		if !hole.start.IsZero() && !to.Before(hole.start) { // overlaps: merge
-			hole.start = from
-			continue
-		}
-		lapsed += hole.end.Sub(hole.start)
-		hole = call{from, to}
-	}
-	lapsed += hole.end.Sub(hole.start)
-	covered := calls[len(calls)-1].start.Sub(calls[0].end)
+	// The time lapsed lies in stretches longer than the burst that hold no
+	// whole call.
+	lapsed := redistest.Uncovered(calls, burst*every)
+	covered := last.Start.Sub(first.End)
 	least := float64(burst) + float64((covered-lapsed)/every) - 1
 	got := float64(allowed.Load())
 	t.Logf("admitted %v of %d requests over %v; want %v to %v (%v of it held no whole call for over the burst)",

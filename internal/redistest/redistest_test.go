@@ -425,3 +425,30 @@ func TestCallTimer(t *testing.T) {
 		t.Errorf("Total %v after two 1 s BLPOPs in %v; want at least 2 s and at most that", got, most)
 	}
 }
+
+// Uncovered bounds the gaps between arrivals by the stretches that hold no
+// whole call, and counts nothing where calls are dense.
+func TestUncovered(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms ...int) []Call {
+		var cs []Call
+		for i := 0; i < len(ms); i += 2 {
+			cs = append(cs, Call{t0.Add(time.Duration(ms[i]) * time.Millisecond), t0.Add(time.Duration(ms[i+1]) * time.Millisecond)})
+		}
+		return cs
+	}
+	for _, tc := range []struct {
+		calls []Call
+		want  time.Duration
+	}{
+		{at(0, 2, 1, 3, 50, 52, 51, 53), 51 * time.Millisecond}, // from B's start to C's return
+		{at(50, 52, 0, 2, 51, 53, 1, 3), 51 * time.Millisecond}, // unsorted
+		{at(0, 2, 1, 3, 4, 6, 5, 7, 8, 10), 0},
+		{at(0, 2, 20, 22, 40, 42), 42 * time.Millisecond}, // two stretches that overlap: [0,22] and [20,42]
+		{at(0, 2), 0},
+	} {
+		if got := Uncovered(tc.calls, 10*time.Millisecond); got != tc.want {
+			t.Errorf("Uncovered(%v) = %v, want %v", tc.calls, got, tc.want)
+		}
+	}
+}

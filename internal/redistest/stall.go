@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -193,4 +194,72 @@ func (c *CallTimer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		defer func() { c.add(time.Since(start)) }()
 		return next(ctx, cmds)
 	}
+}
+
+// Call is the time a client call was in flight: a request it sent reached
+// the server somewhere in between.
+type Call struct {
+	Start, End time.Time
+}
+
+// Uncovered returns the total length of the stretches of time longer than
+// over that hold no whole call (merged where they overlap). Between two
+// consecutive arrivals at the server lies no whole call, so these stretches
+// hold every gap between arrivals longer than over: a rate limiter's
+// unused capacity can lapse there and nowhere else. calls need not be
+// sorted.
+func Uncovered(calls []Call, over time.Duration) time.Duration {
+	if len(calls) < 2 {
+		return 0
+	}
+	cs := slices.Clone(calls)
+	slices.SortFunc(cs, func(a, b Call) int { return a.Start.Compare(b.Start) })
+	// After call i starts, no whole call lies before the earliest return
+	// of the calls started after it. Walking back, these stretches start
+	// earlier and end no later; merge those that overlap.
+	var total time.Duration
+	earliest := cs[len(cs)-1].End
+	var hole Call
+	for i := len(cs) - 2; i >= 0; i-- {
+		if cs[i+1].End.Before(earliest) {
+			earliest = cs[i+1].End
+		}
+		from, to := cs[i].Start, earliest
+		if to.Sub(from) <= over {
+			continue
+		}
+		if !hole.Start.IsZero() && !to.Before(hole.Start) {
+			hole.Start = from
+			continue
+		}
+		total += hole.End.Sub(hole.Start)
+		hole = Call{from, to}
+	}
+	return total + hole.End.Sub(hole.Start)
+}
+
+// CallBounds returns the earliest start and return of calls (first) and
+// the latest ones (last): every arrival lies between first.Start and
+// last.End, one lies no later than first.End and one no earlier than
+// last.Start.
+func CallBounds(calls []Call) (first, last Call) {
+	if len(calls) == 0 {
+		return first, last
+	}
+	first, last = calls[0], calls[0]
+	for _, c := range calls[1:] {
+		if c.Start.Before(first.Start) {
+			first.Start = c.Start
+		}
+		if c.End.Before(first.End) {
+			first.End = c.End
+		}
+		if c.Start.After(last.Start) {
+			last.Start = c.Start
+		}
+		if c.End.After(last.End) {
+			last.End = c.End
+		}
+	}
+	return first, last
 }
