@@ -483,43 +483,68 @@ func TestLock_renewal(t *testing.T) {
 // Thawed, the first worker's write, with the old token, is refused by the
 // ledger; its renewal reports the lock lost; its ack is refused (the entry
 // is no longer its own).
+//
+// The second worker must keep its own lock through its handler: a run in
+// which it went TTL/3 or longer without a Redis reply (a busy machine) and
+// lost it checked nothing of that and is repeated with a wider TTL.
 func TestLock_fencingAfterStall(t *testing.T) {
 	t.Parallel()
-	s := newLockScenario(t)
-	const (
-		ttl   = 300 * time.Millisecond
-		vis   = 600 * time.Millisecond
-		sleep = 1000 * time.Millisecond
-	)
-	a := s.worker("a", ttl, vis, sleep)
-	s.enqueue("K")
-	s.waitEvent("start a 1 1", 10*time.Second)
-	a.stop()
-	b := s.worker("b", ttl, vis, sleep)
-	s.waitEvent("start b 2 ", 10*time.Second)
-	s.waitEvent("write b ", 10*time.Second)
-	a.cont()
-	s.waitEvent("write a ", 10*time.Second)
-	s.waitEvent("lost a", 10*time.Second)
-	ev := s.events()
-	want := []string{"start a 1 1", "start b 2 2", "write b 2 accepted", "held b", "write a 1 refused"}
-	if len(ev) != len(want)+1 || !slices.Equal(ev[:len(want)], want) || !strings.HasPrefix(ev[len(want)], "lost a: "+lockx.ErrLockLost.Error()) {
-		t.Errorf("events %q; want %q then a's lock reported lost", ev, want)
-	}
-	if l := s.ledger(); !slices.Equal(l, []string{"b:2"}) {
-		t.Errorf("ledger %q, want only b's write with fencing token 2", l)
-	}
-	sa := lockStop(t, a)
-	if sa.Acked != 0 || sa.Stale+sa.LeaseLost == 0 {
-		t.Errorf("worker a stats %+v: want Acked 0 and its ack refused or its lease lost", sa)
-	}
-	t.Logf("stale worker a: stats %+v; events %q", sa, ev)
-	if sb := lockStop(t, b); sb.Acked != 1 || sb.Reclaimed != 1 {
-		t.Errorf("worker b stats %+v: want Acked 1, Reclaimed 1", sb)
-	}
-	if p, _ := s.rdb.XPending(t.Context(), s.stream, "g").Result(); p == nil || p.Count != 0 {
-		t.Errorf("pending %+v, want none", p)
-	}
+	redistest.Widen(t, "ttl", 300*time.Millisecond, func(t *testing.T, ttl time.Duration) time.Duration {
+		s := newLockScenario(t)
+		vis, sleep := 2*ttl, ttl*10/3
+		a := s.worker("a", ttl, vis, sleep)
+		s.enqueue("K")
+		s.waitEvent("start a 1 1", time.Minute)
+		a.stop()
+		b := s.worker("b", ttl, vis, sleep)
+		s.waitEvent("start b 2 ", time.Minute)
+		s.waitEvent("write b ", time.Minute)
+		a.cont()
+		s.waitEvent("write a ", time.Minute)
+		s.waitEvent("lost a", time.Minute)
+		sb := lockStop(t, b)
+		ev := s.events()
+		// Each worker's events in order; b's write comes before a's (a
+		// was thawed after it).
+		var evA, evB []string
+		for _, e := range ev {
+			if f := strings.Fields(e); len(f) > 1 && strings.TrimSuffix(f[1], ":") == "a" {
+				evA = append(evA, e)
+			} else {
+				evB = append(evB, e)
+			}
+		}
+		stallB, _ := b.longestStall()
+		if !slices.Contains(evB, "held b") && stallB >= ttl/3 {
+			t.Logf("the run checked nothing: worker b went %v without a Redis reply, TTL/3 = %v, and lost its lock; events %q", stallB, ttl/3, ev)
+			return 4 * stallB
+		}
+		wantA := []string{"start a 1 1", "write a 1 refused"}
+		if len(evA) != 3 || !slices.Equal(evA[:2], wantA) || !strings.HasPrefix(evA[2], "lost a: "+lockx.ErrLockLost.Error()) {
+			t.Errorf("worker a's events %q; want %q then its lock reported lost", evA, wantA)
+		}
+		if wantB := []string{"start b 2 2", "write b 2 accepted", "held b"}; !slices.Equal(evB, wantB) {
+			t.Errorf("worker b's events %q, want %q (b's longest stall %v)", evB, wantB, stallB)
+		}
+		if slices.Index(ev, "write b 2 accepted") > slices.Index(ev, "write a 1 refused") {
+			t.Errorf("events %q: a wrote before b", ev)
+		}
+		if l := s.ledger(); !slices.Equal(l, []string{"b:2"}) {
+			t.Errorf("ledger %q, want only b's write with fencing token 2", l)
+		}
+		sa := lockStop(t, a)
+		if sa.Acked != 0 || sa.Stale+sa.LeaseLost == 0 {
+			t.Errorf("worker a stats %+v: want Acked 0 and its ack refused or its lease lost", sa)
+		}
+		t.Logf("stale worker a: stats %+v; events %q", sa, ev)
+		if sb.Acked != 1 || sb.Reclaimed != 1 {
+			t.Errorf("worker b stats %+v: want Acked 1, Reclaimed 1", sb)
+		}
+		if p, _ := s.rdb.XPending(t.Context(), s.stream, "g").Result(); p == nil || p.Count != 0 {
+			t.Errorf("pending %+v, want none", p)
+		}
+		return 0
+	})
 }
 
 // lockCleanup deletes every key under prefix.
