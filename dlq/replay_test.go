@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/dlq"
+	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -251,36 +253,87 @@ func TestDLQ_ReplayLeaseStolen(t *testing.T) {
 	}
 }
 
+// A replay at 100/s with progress every 100 ms: 60 moves, the last 590 ms
+// after the first. Its time is bounded from what happened: at least the
+// schedule (less the pacer's 100 ms catch-up burst), at most the schedule +
+// 20%, twice the time its Redis calls took and twice the stalls measured
+// meanwhile (a busy machine). Reports come every interval: consecutive ones
+// no closer than it and no further apart than it plus the longest gap
+// between two moves (by their entries' Redis times), and each one's rate
+// and ETA follow from its counts.
 func TestDLQ_ReplayRateProgress(t *testing.T) {
 	t.Parallel()
-	d, b := setup(t, dlq.Config{})
+	const (
+		rate       = 100.0
+		every      = 100 * time.Millisecond
+		pacerBurst = 100 * time.Millisecond
+	)
+	_, b := setup(t, dlq.Config{})
 	addJobs(t, b, 60, "j")
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr()})
+	defer rdb.Close()
+	var work redistest.CallTimer
+	rdb.AddHook(&work)
+	d, err := dlq.New(rdb, b.source, dlq.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalls := redistest.WatchStalls(b.rdb, 2*redistest.StallInterval)
+	defer stalls.Stop()
 	var reports []dlq.ReplayProgress
+	began := time.Now()
 	res, err := d.Replay(context.Background(), dlq.Filter{}, dlq.ReplayOptions{
-		Rate: 100, ProgressInterval: 100 * time.Millisecond,
+		Rate: rate, ProgressInterval: every,
 		Progress: func(p dlq.ReplayProgress) { reports = append(reports, p) },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 60 moves at 100/s: the first at 0, the last at 590 ms.
-	if res.Replayed != 60 || res.Elapsed < 580*time.Millisecond || res.Elapsed > 700*time.Millisecond {
-		t.Errorf("%+v: want 60 jobs in about 0.6 s", res)
+	stalled := stalls.Within(began, time.Now())
+	schedule := time.Duration(59 / rate * float64(time.Second)) // the first move at 0
+	most := schedule*12/10 + 2*work.Total() + 2*stalled
+	t.Logf("%+v; %v in Redis calls, %v stalled; %d reports", res, work.Total(), stalled, len(reports))
+	if res.Replayed != 60 || res.Elapsed < schedule-pacerBurst || res.Elapsed > most {
+		t.Errorf("%+v: want 60 jobs in %v to %v (the schedule %v less a burst; + 20%%, twice the %v in Redis calls and the %v stalled)",
+			res, schedule-pacerBurst, most, schedule, work.Total(), stalled)
 	}
-	if len(reports) < 4 || len(reports) > 8 {
-		t.Errorf("%d progress reports in 0.6 s every 100 ms: %+v", len(reports), reports)
+	msgs, err := b.rdb.XRange(context.Background(), b.source, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gap time.Duration // the longest time between two moves
+	for i := 1; i < len(msgs); i++ {
+		a, _ := stream.EntryTime(msgs[i-1].ID)
+		c, _ := stream.EntryTime(msgs[i].ID)
+		gap = max(gap, c.Sub(a))
+	}
+	if len(reports) < 3 {
+		t.Fatalf("%d progress reports in %v every %v: %+v", len(reports), res.Elapsed, every, reports)
 	}
 	for i, p := range reports {
 		if p.Total != 60 || (i > 0 && p.Done < reports[i-1].Done) {
 			t.Errorf("report %d: %+v", i, p)
 		}
+		if p.Elapsed > 0 && math.Abs(p.Rate-float64(p.Done)/p.Elapsed.Seconds()) > 0.01*p.Rate {
+			t.Errorf("report %d: %+v: the rate is not Done/Elapsed", i, p)
+		}
+		if i == 0 || i == len(reports)-1 { // the last one is forced
+			continue
+		}
+		// A report is due at the first move once the interval has passed
+		// (a few ms: the entry times' resolution, the time between a move
+		// and its report).
+		if d := p.Elapsed - reports[i-1].Elapsed; d < every-time.Millisecond || d > every+gap+5*time.Millisecond {
+			t.Errorf("reports %d and %d are %v apart; want %v to %v (the interval + the longest gap between moves)",
+				i-1, i, d, every, every+gap)
+		}
 	}
 	last := reports[len(reports)-1]
-	if last.Done != 60 || last.Matched != 60 || last.ETA != 0 || last.Rate < 80 || last.Rate > 110 {
+	if last.Done != 60 || last.Matched != 60 || last.ETA != 0 {
 		t.Errorf("last report %+v", last)
 	}
-	if mid := reports[len(reports)/2]; mid.ETA <= 0 || mid.Rate < 70 || mid.Rate > 130 {
-		t.Errorf("a middle report %+v, want a rate near 100/s and an ETA", mid)
+	if mid := reports[len(reports)/2]; mid.ETA <= 0 || math.Abs(mid.ETA.Seconds()-float64(mid.Total-mid.Matched)/mid.Rate) > 0.01 {
+		t.Errorf("a middle report %+v, want the ETA of what is left at its rate", mid)
 	}
 	assertOnce(t, b, 60, "j")
 }

@@ -56,11 +56,33 @@ func dlqReplayMain() int {
 	return 0
 }
 
+// The pace of each replay is measured from the replayed entries' IDs (Redis
+// times): never above the rate (plus the pacer's 100 ms catch-up burst). The
+// resumed replay, in this process, also keeps up with the rate unless the
+// machine could not: its time is bounded by the schedule plus the time its
+// Redis calls took and the stalls measured meanwhile. A run in which the
+// killed replayer's lease had already expired when the test looked (a busy
+// machine) is repeated with a longer lease.
 func TestDLQ_ReplayKillResume(t *testing.T) {
+	redistest.Widen(t, "lease", time.Second, dlqReplayKillResume)
+}
+
+// dlqPace returns how many entries of msgs (in ID order) were added and
+// over what span, by their IDs' times.
+func dlqPace(msgs []redis.XMessage) (n int, span time.Duration) {
+	if len(msgs) == 0 {
+		return 0, 0
+	}
+	first, _ := stream.EntryTime(msgs[0].ID)
+	last, _ := stream.EntryTime(msgs[len(msgs)-1].ID)
+	return len(msgs), last.Sub(first)
+}
+
+func dlqReplayKillResume(t *testing.T, leaseTTL time.Duration) (wider time.Duration) {
 	const (
-		jobs     = 10_000
-		rate     = 1000.0
-		leaseTTL = time.Second
+		jobs       = 10_000
+		rate       = 1000.0
+		pacerBurst = 100 * time.Millisecond // dlq's catch-up after a stall
 	)
 	s := newScenario(t, nil, "")
 	ctx := t.Context()
@@ -100,22 +122,23 @@ func TestDLQ_ReplayKillResume(t *testing.T) {
 		}
 		return int(n)
 	}
+	// checkPace checks that msgs, one replay's entries, came no faster than
+	// the rate, and returns their rate.
+	checkPace := func(name string, msgs []redis.XMessage) float64 {
+		n, span := dlqPace(msgs)
+		if most := rate*(span+pacerBurst).Seconds() + 2; float64(n) > most {
+			t.Errorf("%s replay added %d entries within %v (Redis clock), want at most %.0f at %.0f/s", name, n, span, most, rate)
+		}
+		return float64(n-1) / max(span.Seconds(), 0.001)
+	}
 
 	// The first replayer, in a subprocess, is SIGKILLed at about 5,000.
 	w := startSubprocess(t, "dlq-replay", "PW_ADDR="+s.addr, "PW_STREAM="+s.stream,
 		"PW_RATE="+strconv.FormatFloat(rate, 'f', -1, 64), "PW_LEASE_TTL="+leaseTTL.String())
-	var (
-		t0, t1 time.Time
-		n0, n1 int
-		probed bool
-	)
-	deadline := time.Now().Add(30 * time.Second)
+	probed := false
+	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		n := xlen(s.stream)
-		now := time.Now()
-		if n > 0 && t0.IsZero() {
-			t0, n0 = now, n
-		}
 		if n >= 2500 && !probed {
 			// A concurrent replay is refused while the first runs.
 			if _, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{}); !errors.Is(err, dlq.ErrReplayActive) {
@@ -124,53 +147,84 @@ func TestDLQ_ReplayKillResume(t *testing.T) {
 			probed = true
 		}
 		if n >= jobs/2 {
-			t1, n1 = now, n
 			break
 		}
-		if now.After(deadline) {
-			t.Fatalf("the replayer moved %d jobs in 30 s", n)
+		if time.Now().After(deadline) {
+			t.Fatalf("the replayer moved %d jobs in 5 minutes", n)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	w.kill()
 	killedAt := time.Now()
-	firstRate := float64(n1-n0) / t1.Sub(t0).Seconds()
 	nKill := xlen(s.stream)
-	t.Logf("replayer SIGKILLed after %d jobs; %d jobs in %v: %.0f jobs/s", nKill, n1-n0, t1.Sub(t0).Round(time.Millisecond), firstRate)
 	if got := nKill + xlen(s.keys.Dead); got != jobs {
 		t.Fatalf("after the kill: %d in the source + %d dead = %d, want %d", nKill, xlen(s.keys.Dead), got, jobs)
 	}
+	firstMsgs, err := s.rdb.XRange(ctx, s.stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstRate := checkPace("first", firstMsgs)
+	t.Logf("replayer SIGKILLed after %d jobs, replayed at %.0f jobs/s (Redis clock)", nKill, firstRate)
 
 	// Its lease outlives it by up to LeaseTTL: a new replay is refused until
-	// it expires.
+	// it expires. (Renewed every LeaseTTL/3, it has at least 2/3 of it
+	// left at the kill, unless the replayer stalled.)
 	pttl, err := s.rdb.PTTL(ctx, lease).Result()
-	if err != nil || pttl <= 0 {
-		t.Fatalf("lease TTL right after the kill: %v, %v; want the dead replayer's lease still held", pttl, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pttl < leaseTTL/3 {
+		if since := time.Since(killedAt); pttl <= 0 && since < leaseTTL/3 {
+			t.Fatalf("lease TTL %v %v after the kill; want the dead replayer's lease still held", pttl, since)
+		}
+		t.Logf("the run checked nothing of the lease: %v left %v after the kill", pttl, time.Since(killedAt))
+		return 2 * leaseTTL
 	}
 	if _, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{}); !errors.Is(err, dlq.ErrReplayActive) {
 		t.Fatalf("a replay while the killed replayer's lease lives: %v, want ErrReplayActive", err)
 	}
-	eventually(t, leaseTTL+time.Second, func() (bool, string) {
+	eventually(t, leaseTTL+time.Minute, func() (bool, string) {
 		n, err := s.rdb.Exists(ctx, lease).Result()
 		return err == nil && n == 0, fmt.Sprintf("lease %s still held (%v)", lease, err)
 	})
 	t.Logf("lease expired %v after the kill (LeaseTTL %v)", time.Since(killedAt).Round(time.Millisecond), leaseTTL)
 
-	// Resume in this process, to the end.
-	res, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{Rate: rate})
+	// Resume in this process, to the end, timing its Redis calls and
+	// watching for stalls.
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+	defer rdb.Close()
+	var work redistest.CallTimer
+	rdb.AddHook(&work)
+	stalls := redistest.WatchStalls(s.rdb, 2*redistest.StallInterval)
+	defer stalls.Stop()
+	d2, err := dlq.New(rdb, s.stream, dlq.Config{LeaseTTL: leaseTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	resumeRate := float64(res.Replayed) / res.Elapsed.Seconds()
-	t.Logf("resumed replay: %+v: %.0f jobs/s; %d jobs replayed over %v including the kill and the lease expiry",
-		res, resumeRate, jobs, time.Since(t0).Round(time.Millisecond))
+	began := time.Now()
+	res, err := d2.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled := stalls.Within(began, time.Now())
+	resumedMsgs, err := s.rdb.XRange(ctx, s.stream, "("+firstMsgs[len(firstMsgs)-1].ID, "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resumeRate := checkPace("resumed", resumedMsgs)
+	t.Logf("resumed replay: %+v: %.0f jobs/s (Redis clock); %v in Redis calls, %v stalled",
+		res, resumeRate, work.Total().Round(time.Millisecond), stalled.Round(time.Millisecond))
 	if !res.Resumed || res.Replayed != jobs-nKill || res.Missing != 0 || res.Examined != res.Replayed {
 		t.Errorf("resumed replay %+v, want the %d jobs left, resumed from the cursor without rescanning", res, jobs-nKill)
 	}
-	for name, r := range map[string]float64{"first": firstRate, "resumed": resumeRate} {
-		if r < 0.9*rate || r > 1.1*rate {
-			t.Errorf("%s replay ran at %.0f jobs/s, want %.0f ± 10%%", name, r, rate)
-		}
+	// The pacer waits only while ahead of its schedule, so the replay takes
+	// at most the schedule, the work (twice: a catch-up burst that runs out
+	// restarts the schedule) and the stalls, with 20% for the rest.
+	schedule := time.Duration(float64(res.Replayed) / rate * float64(time.Second))
+	if most := schedule*12/10 + 2*work.Total() + 2*stalled; res.Elapsed > most {
+		t.Errorf("resumed replay of %d jobs at %.0f/s took %v; want at most %v: the schedule %v + 20%%, twice the %v in Redis calls and the %v stalled",
+			res.Replayed, rate, res.Elapsed, most, schedule, work.Total(), stalled)
 	}
 
 	// Every job exactly once, attempts reset, dead_* gone, nothing left.
@@ -214,6 +268,7 @@ func TestDLQ_ReplayKillResume(t *testing.T) {
 	if n, _ := s.rdb.Exists(ctx, lease, cursor).Result(); n != 0 {
 		t.Errorf("the finished replay left its lease or cursor")
 	}
+	return 0
 }
 
 // clusterDLQ runs every script of package dlq (move, cursor, renew, release)
@@ -252,10 +307,35 @@ func clusterDLQ(t *testing.T, cc *redis.ClusterClient, name string) {
 			t.Fatal(err)
 		}
 	}
-	// 5 moves at 100/s take 40 ms: the lease is renewed every 20 ms.
-	res, err := d.Replay(ctx, dlq.Filter{Types: []string{"replay"}}, dlq.ReplayOptions{Rate: 100})
-	if err != nil || res.Replayed != 5 {
-		t.Fatalf("dlq replay on the cluster: %+v, %v", res, err)
+	// 5 moves at 100/s take 40 ms: the lease is renewed every 20 ms. A
+	// replay that lost its lease while this process or the cluster stalled
+	// for a renewal interval or more (a busy machine) resumes with a lease
+	// four times as long and the same number of renewals.
+	stalls := redistest.WatchStalls(cc, 2*redistest.StallInterval)
+	defer stalls.Stop()
+	replayed := 0
+	for ttl, rate := 60*time.Millisecond, 100.0; ; ttl, rate = 4*ttl, rate/4 {
+		d, err := dlq.New(cc, source, dlq.Config{LeaseTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		res, err := d.Replay(ctx, dlq.Filter{Types: []string{"replay"}}, dlq.ReplayOptions{Rate: rate})
+		replayed += res.Replayed
+		if err == nil {
+			break
+		}
+		if stalled := stalls.Within(began, time.Now()); !errors.Is(err, dlq.ErrLeaseLost) || stalled < ttl/3 || ttl > 5*time.Second {
+			t.Fatalf("dlq replay on the cluster with a %v lease: %+v, %v (%v stalled)", ttl, res, err, stalled)
+		}
+		t.Logf("dlq replay on the cluster lost its %v lease after %d moves, %v stalled: again with a longer one", ttl, res.Replayed, stalls.Within(began, time.Now()))
+		eventually(t, time.Minute, func() (bool, string) {
+			n, err := cc.Exists(ctx, lease).Result()
+			return err == nil && n == 0, "the lost lease is still there"
+		})
+	}
+	if replayed != 5 {
+		t.Fatalf("dlq replay on the cluster replayed %d jobs, want 5", replayed)
 	}
 	if n, err := d.Purge(ctx, dlq.Filter{}, dlq.PurgeOptions{}); err != nil || n != 5 {
 		t.Fatalf("dlq purge on the cluster: %d, %v", n, err)

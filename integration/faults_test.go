@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/redistest"
 )
 
 // Fault-matrix tests (docs: REDIS-NOTES §8) against real Redis and worker
@@ -341,16 +343,34 @@ func TestFault_trimmedWhilePending(t *testing.T) {
 // deadline of 1 s. Finished jobs are acknowledged; the cancelled ones are
 // given back for the next sweep at once; the one that ignores its context
 // is abandoned, named in Run's error, and taken over after the visibility
-// timeout. The worker exits within the deadline plus the abandon grace.
+// timeout. Run returns within the deadline plus the abandon grace and a
+// second, counted by the worker from its SIGTERM, net of its stalls.
+//
+// The timings the scenario relies on are measured, not assumed: when the
+// worker noticed SIGTERM and returned, its stalls (see watchStalls), the
+// jobs' starts (its ledger) and Redis idle times. A run in which the machine
+// broke a precondition (a long job could have ended before the worker
+// exited, a short one stalled past the deadline, worker b came after the
+// abandoned job's visibility timeout) checked nothing and is repeated with
+// every duration doubled.
 func TestFault_gracefulShutdown(t *testing.T) {
 	t.Parallel()
+	redistest.Widen(t, "unit", time.Second, faultShutdown)
+}
+
+// faultShutdown runs TestFault_gracefulShutdown with drain deadline u, jobs
+// of 0.3u and 3u and a visibility timeout of 3u; it returns a wider u if
+// the run could not check.
+func faultShutdown(t *testing.T, u time.Duration) (wider time.Duration) {
+	const abandonGrace = 500 * time.Millisecond // consumer's, after the deadline
 	s := newScenario(t, nil, "")
-	const visibility = 3 * time.Second
-	short := s.enqueue(4, behaviour{SleepMS: 300})
-	long := s.enqueue(3, behaviour{SleepMS: 3000})
-	stubborn := s.enqueue(1, behaviour{SleepMS: 3000, IgnoreCtx: true})[0]
+	visibility := 3 * u
+	ms := func(d time.Duration) int { return int(d.Milliseconds()) }
+	short := s.enqueue(4, behaviour{SleepMS: ms(3 * u / 10)})
+	long := s.enqueue(3, behaviour{SleepMS: ms(3 * u)})
+	stubborn := s.enqueue(1, behaviour{SleepMS: ms(3 * u), IgnoreCtx: true})[0]
 	all := slices.Concat(short, long, []string{stubborn})
-	a := s.worker("a", workerOpts{Concurrency: 8, Shutdown: time.Second, Visibility: visibility})
+	a := s.worker("a", workerOpts{Concurrency: 8, Shutdown: u, Visibility: visibility})
 	entries := faultAwaitStarts(t, s, all, "a")
 	entryOf := make(map[string]string)
 	for i, id := range all {
@@ -361,12 +381,44 @@ func TestFault_gracefulShutdown(t *testing.T) {
 	a.term()
 	// Jobs enqueued after SIGTERM must not start on a: it stops reading.
 	late := s.enqueue(5, behaviour{SleepMS: 10})
-	err := a.wait(10 * time.Second)
-	took := time.Since(termAt)
-	t.Logf("worker a exited %v after SIGTERM", took.Round(time.Millisecond))
-	// Drain deadline 1 s, then up to 500 ms for cancelled handlers, then exit.
-	if took > 2500*time.Millisecond {
-		t.Errorf("worker a took %v to exit after SIGTERM; want <= 1 s grace + 1 s", took)
+	err := a.wait(time.Minute)
+	term, ended, stalled, ok := a.shutdown()
+	longest, _ := a.longestStall()
+	if !ok {
+		t.Fatalf("worker a printed no shutdown times")
+	}
+	ledger := readLedger(t, s.ledger)
+	startOnA := make(map[string]time.Time)
+	for _, e := range ledger {
+		if e.Event == "start" && e.Consumer == "a" {
+			startOnA[e.JobID] = e.At
+		}
+	}
+	t.Logf("worker a noticed SIGTERM %v after it was sent and returned %v later (stalled %v of it, longest stall %v)",
+		term.Sub(termAt).Round(time.Millisecond), ended.Sub(term), stalled, longest)
+	for _, id := range append(slices.Clone(long), stubborn) {
+		if left := startOnA[id].Add(3 * u).Sub(ended); left <= 0 {
+			t.Logf("the run checked nothing: job %s would have ended its %v %v before worker a exited", id, 3*u, -left)
+			return 2 * u
+		}
+	}
+	for _, id := range late {
+		if at, ok := startOnA[id]; ok && at.Before(term) {
+			t.Logf("the run checked nothing: job %s, enqueued after SIGTERM, started on a %v before a noticed it", id, term.Sub(at))
+			return 2 * u
+		}
+	}
+	effects, cancelled := countEvents(ledger, "effect"), countEvents(ledger, "cancelled")
+	for _, id := range short {
+		if effects[id] != 1 && longest >= u/2 {
+			t.Logf("the run checked nothing: short job %s did not end before the deadline; worker a stalled %v", id, longest)
+			return 2 * u
+		}
+	}
+
+	if bound := u + abandonGrace + time.Second + stalled; ended.Sub(term) > bound {
+		t.Errorf("worker a's Run returned %v after SIGTERM; want <= %v deadline + %v grace + 1 s + %v stalled",
+			ended.Sub(term), u, abandonGrace, stalled)
 	}
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
@@ -385,8 +437,6 @@ func TestFault_gracefulShutdown(t *testing.T) {
 		t.Errorf("worker a stats %+v; want Acked 4 (the short jobs)", st)
 	}
 
-	ledger := readLedger(t, s.ledger)
-	effects, cancelled := countEvents(ledger, "effect"), countEvents(ledger, "cancelled")
 	for _, id := range short {
 		if effects[id] != 1 {
 			t.Errorf("short job %s: %d effects before the exit, want 1", id, effects[id])
@@ -397,16 +447,22 @@ func TestFault_gracefulShutdown(t *testing.T) {
 			t.Errorf("long job %s: %d effects, %d cancellations; want 0 and 1", id, effects[id], cancelled[id])
 		}
 	}
+	for _, e := range ledger {
+		if e.Event == "cancelled" && e.At.Sub(term) > u+500*time.Millisecond+stalled {
+			t.Errorf("job %s cancelled %v after SIGTERM; want <= the %v deadline + 500 ms + %v stalled", e.JobID, e.At.Sub(term), u, stalled)
+		}
+	}
 	if effects[stubborn] != 0 || cancelled[stubborn] != 0 {
 		t.Errorf("job ignoring its context: %d effects, %d cancellations; want none", effects[stubborn], cancelled[stubborn])
 	}
-	for _, e := range ledger {
-		if e.Consumer == "a" && slices.Contains(late, e.JobID) {
-			t.Errorf("job %s enqueued after SIGTERM started on worker a", e.JobID)
+	for _, id := range late {
+		if _, ok := startOnA[id]; ok {
+			t.Errorf("job %s enqueued after SIGTERM started on worker a after it noticed SIGTERM", id)
 		}
 	}
 
 	pel := faultPEL(t, s)
+	readAt := time.Now()
 	if len(pel) != 4 {
 		t.Fatalf("PEL after the exit: %+v; want the 4 unfinished jobs", pel)
 	}
@@ -421,11 +477,27 @@ func TestFault_gracefulShutdown(t *testing.T) {
 			t.Errorf("abandoned entry %s idle %v; want less than the visibility timeout (it was heartbeated until the exit)", entryOf[id], p.Idle)
 		case id != stubborn && p.Idle < visibility:
 			t.Errorf("cancelled entry %s idle %v; want >= the visibility timeout (given back)", entryOf[id], p.Idle)
+		case id == stubborn && p.Idle >= visibility:
+			// Heartbeated every visibility/4 until the exit, it can be
+			// this idle only if the PEL was read late or a stalled.
+			if readAt.Sub(ended)+visibility/4+longest >= visibility {
+				t.Logf("the run checked nothing: the PEL was read %v after a exited, a's longest stall %v", readAt.Sub(ended), longest)
+				return 2 * u
+			}
+			t.Errorf("abandoned entry %s idle %v; want less than the visibility timeout (it was heartbeated until the exit)", entryOf[id], p.Idle)
 		}
 	}
 
-	// A new consumer takes the given-back jobs at its first sweep, well
-	// within a visibility timeout, and the abandoned one only after it.
+	// A new consumer takes the given-back jobs at its first sweep, and the
+	// abandoned one only once a visibility timeout has passed since a's
+	// last heartbeat: no earlier than claimable, by this process's clock.
+	asked := time.Now()
+	sp, err := s.rdb.XPendingExt(t.Context(), &redis.XPendingExtArgs{Stream: s.stream, Group: "g",
+		Start: entryOf[stubborn], End: entryOf[stubborn], Count: 1}).Result()
+	if err != nil || len(sp) != 1 {
+		t.Fatalf("XPENDING of the abandoned entry: %v, %v", sp, err)
+	}
+	claimable := asked.Add(visibility - sp[0].Idle - time.Millisecond)
 	startB := time.Now()
 	s.worker("b", workerOpts{Visibility: visibility})
 	startedOnB := func() map[string]ledgerEntry {
@@ -437,38 +509,42 @@ func TestFault_gracefulShutdown(t *testing.T) {
 		}
 		return m
 	}
-	// Given back: b's first sweep takes them. Not given back, they would
-	// wait for the rest of a visibility timeout since a's last heartbeat
-	// (at least visibility - visibility/4).
-	eventually(t, visibility/2, func() (bool, string) {
+	eventually(t, visibility+time.Minute, func() (bool, string) {
 		m := startedOnB()
 		for _, id := range long {
 			if _, ok := m[id]; !ok {
-				return false, fmt.Sprintf("given-back job %s not started on b within half a visibility timeout", id)
+				return false, fmt.Sprintf("given-back job %s not started on b", id)
 			}
 		}
 		return true, ""
 	})
-	t.Logf("given-back jobs restarted on b %v after b started", time.Since(startB).Round(time.Millisecond))
 	m := startedOnB()
-	if _, ok := m[stubborn]; ok {
-		t.Errorf("abandoned job started on b at once; want only after its visibility timeout")
-	}
+	var lastLong time.Time
 	for _, id := range long {
+		if m[id].At.After(lastLong) {
+			lastLong = m[id].At
+		}
 		if m[id].Deliveries != 1 {
 			t.Errorf("given-back job %s has delivery count %d on b, want 1 (a give-back is not a delivery)", id, m[id].Deliveries)
 		}
 	}
-	eventually(t, 2*visibility, func() (bool, string) {
+	t.Logf("given-back jobs restarted on b %v after b started, %v before the abandoned one could be claimed",
+		lastLong.Sub(startB).Round(time.Millisecond), claimable.Sub(lastLong).Round(time.Millisecond))
+	eventually(t, visibility+time.Minute, func() (bool, string) {
 		_, ok := startedOnB()[stubborn]
 		return ok, "abandoned job not taken over"
 	})
-	t.Logf("abandoned job restarted on b %v after a exited", time.Since(termAt.Add(took)).Round(time.Millisecond))
-	if d := startedOnB()[stubborn].Deliveries; d != 2 {
-		t.Errorf("abandoned job delivered %d times on b, want 2", d)
+	sb := startedOnB()[stubborn]
+	t.Logf("abandoned job restarted on b %v after a exited", sb.At.Sub(ended))
+	if sb.Deliveries != 2 {
+		t.Errorf("abandoned job delivered %d times on b, want 2", sb.Deliveries)
+	}
+	// The ledger's times are whole milliseconds.
+	if sb.At.Before(claimable.Truncate(time.Millisecond)) {
+		t.Errorf("abandoned job started on b %v before its visibility timeout since a's last heartbeat", claimable.Sub(sb.At))
 	}
 
-	eventually(t, 15*time.Second, func() (bool, string) {
+	eventually(t, time.Minute, func() (bool, string) {
 		effects := countEvents(readLedger(t, s.ledger), "effect")
 		for _, id := range append(slices.Clone(all), late...) {
 			if effects[id] != 1 {
@@ -480,6 +556,12 @@ func TestFault_gracefulShutdown(t *testing.T) {
 	if d := s.dead(); len(d) != 0 {
 		t.Errorf("dead-letter stream: %v; want empty", d)
 	}
+	if !lastLong.Before(claimable.Truncate(time.Millisecond)) {
+		t.Logf("the run checked nothing of the given-back jobs' restart: b took them %v after the abandoned job could be claimed",
+			lastLong.Sub(claimable))
+		return 2 * u
+	}
+	return 0
 }
 
 // faultCLI runs the real redis-cli against addr and returns the entry ID it
@@ -573,7 +655,7 @@ func faultPairs(flat []string) map[string]string {
 func faultAwaitStarts(t *testing.T, s *scenario, jobs []string, consumer string) []string {
 	t.Helper()
 	entryOf := make(map[string]string)
-	eventually(t, 10*time.Second, func() (bool, string) {
+	eventually(t, time.Minute, func() (bool, string) {
 		for _, e := range readLedger(t, s.ledger) {
 			if e.Event == "start" && e.Consumer == consumer {
 				entryOf[e.JobID] = e.EntryID

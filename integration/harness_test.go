@@ -28,8 +28,10 @@ import (
 // one consumer configured by PW_* variables, whose handler does what each
 // job's payload (a [behaviour]) says, including SIGKILLing its own process
 // at a chosen point. Every start, side effect and observed cancellation is
-// appended to a ledger file, with the time, which outlives the process, so
-// a test can count what ran where, and when.
+// appended to a ledger file, with the worker's time, which outlives the
+// process, so a test can count what ran where and when. The worker also
+// reports when it noticed SIGTERM and how long it stalled (see
+// watchStalls), so that tests derive their timing bounds from what happened.
 
 func TestMain(m *testing.M) {
 	if os.Getenv("PW_WORKER") == "1" {
@@ -237,6 +239,49 @@ func (w *worker) stats() (consumer.Stats, bool) {
 	return consumer.Stats{}, false
 }
 
+// watchStalls starts a [redistest.StallWatch] on rdb in a subprocess and
+// returns it with a function that stops it and prints the longest stall on
+// stderr, where [worker.longestStall] finds it. Call that when the
+// subprocess's consumer has returned.
+func watchStalls(rdb redis.UniversalClient) (w *redistest.StallWatch, report func()) {
+	w = redistest.WatchStalls(rdb, 2*redistest.StallInterval)
+	return w, func() {
+		w.Stop()
+		fmt.Fprintf(os.Stderr, "PW_LONGEST_STALL %v\n", w.Longest())
+	}
+}
+
+// longestStall returns the longest time the worker's process went without
+// a Redis reply, as it printed at its exit (see watchStalls); false if it
+// printed none (it was killed, or does not watch).
+func (w *worker) longestStall() (time.Duration, bool) {
+	for _, line := range strings.Split(w.stderr.String(), "\n") {
+		if s, ok := strings.CutPrefix(line, "PW_LONGEST_STALL "); ok {
+			d, err := time.ParseDuration(s)
+			return d, err == nil
+		}
+	}
+	return 0, false
+}
+
+// shutdown returns what the worker printed of its shutdown when it exited:
+// when it noticed SIGTERM, when Run returned (by its clock, in whole
+// milliseconds) and how long it stalled meanwhile (see watchStalls).
+func (w *worker) shutdown() (term, ended time.Time, stalled time.Duration, ok bool) {
+	for _, line := range strings.Split(w.stderr.String(), "\n") {
+		if s, found := strings.CutPrefix(line, "PW_SHUTDOWN "); found {
+			var t, e int64
+			var d string
+			if _, err := fmt.Sscanf(s, "%d %d %s", &t, &e, &d); err != nil {
+				return term, ended, 0, false
+			}
+			stalled, err := time.ParseDuration(d)
+			return time.UnixMilli(t), time.UnixMilli(e), stalled, err == nil
+		}
+	}
+	return term, ended, 0, false
+}
+
 // workerMain is the worker subprocess's main function.
 func workerMain() int {
 	env := func(k string) string { return os.Getenv(k) }
@@ -308,9 +353,20 @@ func workerMain() int {
 		RetryBackoff:      func(int) time.Duration { return 50 * time.Millisecond },
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}).Handle(handler)
+	stalls, report := watchStalls(rdb)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	termAt := make(chan time.Time, 1)
+	go func() {
+		<-ctx.Done()
+		termAt <- time.Now()
+	}()
 	err = c.Run(ctx)
+	if ctx.Err() != nil {
+		t, ended := <-termAt, time.Now()
+		fmt.Fprintf(os.Stderr, "PW_SHUTDOWN %d %d %v\n", t.UnixMilli(), ended.UnixMilli(), stalls.Within(t, ended))
+	}
+	report()
 	st, _ := json.Marshal(c.Stats())
 	fmt.Fprintf(os.Stderr, "PW_STATS %s\n", st)
 	if err != nil {

@@ -174,9 +174,11 @@ func idemWorkerMain() int {
 		}
 		return nil
 	})
-	// Outside the idempotency middleware: records its snoozes.
-	snoozes := func(next consumer.Handler) consumer.Handler {
+	// Outside the idempotency middleware: records each attempt, before the
+	// middleware begins the record, and its snoozes.
+	observe := func(next consumer.Handler) consumer.Handler {
 		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			record("attempt", job.IdempotencyKey, job, "")
 			err := next.Process(ctx, job)
 			var o *consumer.Outcome
 			if errors.As(err, &o) && !o.CountsAttempt() && !o.IsDead() {
@@ -207,7 +209,7 @@ func idemWorkerMain() int {
 		PromoteInterval:   50 * time.Millisecond,
 		RetryBackoff:      func(int) time.Duration { return 50 * time.Millisecond },
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}).Use(snoozes, idemMW).Handle(handler)
+	}).Use(observe, idemMW).Handle(handler)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	if err := c.Run(ctx); err != nil {
@@ -336,6 +338,34 @@ func (s *idemScenario) enqueueKeys(keys []string, p idemPayload) {
 			s.t.Fatal(err)
 		}
 	}
+}
+
+// record reads the record of key straight from the store's backend,
+// without Begin (which would take an expired record over): its status
+// (processing, completed, failed; "" if there is none) and when it expires,
+// by the store's clock.
+func (s *idemScenario) record(key string) (status string, expires time.Time) {
+	s.t.Helper()
+	ctx := context.Background()
+	if s.db != nil {
+		err := s.db.QueryRowContext(ctx, "SELECT status, expires_at FROM "+s.table+" WHERE key = $1", s.prefix+key).Scan(&status, &expires)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			s.t.Fatal(err)
+		}
+		return status, expires
+	}
+	status, err := s.rdb.HGet(ctx, s.prefix+key, "status").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		s.t.Fatal(err)
+	}
+	at, err := s.rdb.PExpireTime(ctx, s.prefix+key).Result()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if at < 0 { // no key (-2) or no expiry (-1)
+		return status, time.Time{}
+	}
+	return status, time.UnixMilli(at.Milliseconds())
 }
 
 // settled reports whether the group has nothing pending and nothing
@@ -508,66 +538,104 @@ func TestIdem_DuplicateEnqueuesOneEffect(t *testing.T) {
 // TestIdem_CrashedWorkersRecordTakenOver: a worker killed mid-handler
 // leaves a processing record; another worker gets the job after the
 // visibility timeout, is snoozed while the lease runs, and takes the record
-// over after it.
+// over after it: its effect comes no earlier than the record's lease end,
+// read from the store after the crash (by the store's clock, the machine's).
+//
+// A run in which the crash came after the lease had already ended, or in
+// which worker b first met the record after its lease ended (a busy machine
+// slow to start b), could not check the snoozes and is repeated with a
+// longer lease.
 func TestIdem_CrashedWorkersRecordTakenOver(t *testing.T) {
 	t.Parallel()
 	for _, store := range []string{"redis", "sql"} {
 		t.Run(store, func(t *testing.T) {
 			t.Parallel()
-			s := newIdemScenario(t, store == "sql")
-			const lease = 2 * time.Second
-			opts := idemWorkerOpts{Lease: lease, Visibility: 500 * time.Millisecond}
-			a := s.worker("a", opts)
-			s.enqueueKeys([]string{"op"}, idemPayload{SleepMS: 60_000, SleepOn: "a"})
-			var started time.Time
-			eventually(t, 10*time.Second, func() (bool, string) {
-				for _, e := range readIdemLedger(t, s.ledger) {
-					if e.Event == "start" && e.Consumer == "a" {
-						started = e.At
-						return true, ""
-					}
-				}
-				return false, "worker a has not started the job"
+			redistest.Widen(t, "lease", 2*time.Second, func(t *testing.T, lease time.Duration) time.Duration {
+				return idemTakeOver(t, store == "sql", lease)
 			})
-			a.kill()
-			o, err := s.store.Begin(context.Background(), s.prefix+"op", "probe", time.Minute)
-			if err != nil || o.Status != idem.StatusInProgress {
-				t.Fatalf("record after the crash = %+v, %v; want in progress", o, err)
-			}
-			s.worker("b", idemWorkerOpts{Lease: lease, Visibility: 500 * time.Millisecond})
-			var bEffect idemEvent
-			eventually(t, 15*time.Second, func() (bool, string) {
-				for _, e := range readIdemLedger(t, s.ledger) {
-					if e.Event == "effect" {
-						bEffect = e
-						return true, ""
-					}
-				}
-				return false, "no effect: the record was not taken over"
-			})
-			eventually(t, 10*time.Second, s.settled)
-			ev := readIdemLedger(t, s.ledger)
-			waited := bEffect.At.Sub(started)
-			t.Logf("taken over and completed %v after a's start (lease %v), %d snoozes", waited, lease, idemCount(ev, "snooze"))
-			if bEffect.Consumer != "b" || idemCount(ev, "effect") != 1 {
-				t.Fatalf("effects: %d, the first by %s; want one, by b", idemCount(ev, "effect"), bEffect.Consumer)
-			}
-			if waited < lease*9/10 {
-				t.Fatalf("b made the effect %v after a started, before a's %v lease passed", waited, lease)
-			}
-			if idemCount(ev, "snooze") == 0 {
-				t.Fatalf("b was never snoozed: it did not meet a's record in progress")
-			}
-			if o, _ := s.store.Begin(context.Background(), s.prefix+"op", "probe2", time.Minute); o.Status != idem.StatusCompleted || o.Owner != bEffect.Owner {
-				t.Fatalf("record = %+v, want completed by b (%s)", o, bEffect.Owner)
-			}
-			if s.db != nil {
-				if rows, _ := s.bizRows(); rows != 1 {
-					t.Fatalf("business rows = %d, want 1", rows)
-				}
-			}
 		})
 	}
+}
+
+// idemTakeOver runs one TestIdem_CrashedWorkersRecordTakenOver scenario; it
+// returns a longer lease if the run could not check the snoozes.
+func idemTakeOver(t *testing.T, useSQL bool, lease time.Duration) time.Duration {
+	s := newIdemScenario(t, useSQL)
+	opts := idemWorkerOpts{Lease: lease, Visibility: 500 * time.Millisecond}
+	a := s.worker("a", opts)
+	s.enqueueKeys([]string{"op"}, idemPayload{SleepMS: 600_000, SleepOn: "a"})
+	var attempt, started time.Time // a's attempt, before it began the record, and its handler's start
+	eventually(t, time.Minute, func() (bool, string) {
+		for _, e := range readIdemLedger(t, s.ledger) {
+			switch {
+			case e.Consumer != "a":
+			case e.Event == "attempt":
+				attempt = e.At
+			case e.Event == "start":
+				started = e.At
+				return true, ""
+			}
+		}
+		return false, "worker a has not started the job"
+	})
+	a.kill()
+	status, leaseEnd := s.record("op")
+	if status != "processing" {
+		t.Fatalf("record after the crash has status %q, want processing", status)
+	}
+	// a began the record after its attempt, with the lease.
+	if leaseEnd.Before(attempt.Add(lease)) {
+		t.Fatalf("a's record expires at %v, %v after a's attempt; want at least the lease %v", leaseEnd, leaseEnd.Sub(attempt), lease)
+	}
+	if left := time.Until(leaseEnd); left <= 0 {
+		t.Logf("the run checked nothing: the lease had ended %v before the crash was seen", -left)
+		return 2 * lease
+	}
+	s.worker("b", opts)
+	var bEffect idemEvent
+	eventually(t, lease+time.Minute, func() (bool, string) {
+		for _, e := range readIdemLedger(t, s.ledger) {
+			if e.Event == "effect" {
+				bEffect = e
+				return true, ""
+			}
+		}
+		return false, "no effect: the record was not taken over"
+	})
+	eventually(t, time.Minute, s.settled)
+	ev := readIdemLedger(t, s.ledger)
+	var bFirst time.Time // b's first meeting with the job: a snooze, or its start
+	for _, e := range ev {
+		if e.Consumer == "b" && (e.Event == "snooze" || e.Event == "start") {
+			bFirst = e.At
+			break
+		}
+	}
+	t.Logf("lease ended %v after a's start (lease %v); b met the job %v before the lease end and made the effect %v after it, %d snoozes",
+		leaseEnd.Sub(started), lease, leaseEnd.Sub(bFirst), bEffect.At.Sub(leaseEnd), idemCount(ev, "snooze"))
+	if bEffect.Consumer != "b" || idemCount(ev, "effect") != 1 {
+		t.Fatalf("effects: %d, the first by %s; want one, by b", idemCount(ev, "effect"), bEffect.Consumer)
+	}
+	// The ledger's times are whole milliseconds.
+	if bEffect.At.Before(leaseEnd.Truncate(time.Millisecond)) {
+		t.Fatalf("b made the effect at %v, %v before a's lease ended at %v", bEffect.At, leaseEnd.Sub(bEffect.At), leaseEnd)
+	}
+	if idemCount(ev, "snooze") == 0 {
+		if !bFirst.Before(leaseEnd.Truncate(time.Millisecond)) {
+			t.Logf("the run checked nothing: b met the job %v after the lease ended", bFirst.Sub(leaseEnd))
+			return 2 * bFirst.Sub(started)
+		}
+		t.Fatalf("b was never snoozed: it met the job %v before a's lease ended and did not meet a's record in progress", leaseEnd.Sub(bFirst))
+	}
+	if o, _ := s.store.Begin(context.Background(), s.prefix+"op", "probe", time.Minute); o.Status != idem.StatusCompleted || o.Owner != bEffect.Owner {
+		t.Fatalf("record = %+v, want completed by b (%s)", o, bEffect.Owner)
+	}
+	if s.db != nil {
+		if rows, _ := s.bizRows(); rows != 1 {
+			t.Fatalf("business rows = %d, want 1", rows)
+		}
+	}
+	return 0
 }
 
 // TestIdem_StaleOwnerCannotCommit: a worker that stalls between its INSERT

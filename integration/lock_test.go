@@ -29,7 +29,8 @@ import (
 
 // Subprocess programs of the lock tests:
 //   - lock-mutex: 20 goroutines taking and releasing the lockx locks of 10
-//     keys for a while, and recording every critical section in Redis;
+//     keys for a while, from a start signal on, and recording every
+//     critical section in Redis;
 //   - lock-worker: a consumer with the Lock middleware whose handler works
 //     for a while (ignoring its context, as a handler stalled at the wrong
 //     moment would), then writes to a fenced ledger in Redis with its lock's
@@ -64,7 +65,13 @@ func lockEnvDur(k string) time.Duration {
 //	P fences:<key>  list of the fencing tokens of key's critical sections,
 //	                in the order they ran
 //	P overlaps      list of the critical sections that found another holder
+//	P ready         processes ready (INCR), waiting for
+//	P go            their start signal (a BLPOP each)
 const lockMutexKeys = 10
+
+// lockMutexMin is how many acquisitions and conflicts each lock-mutex
+// process reaches before it stops (after LK_FOR): fewer would not mean much.
+const lockMutexMin = 100
 
 func lockMutexMain() int {
 	addr, prefix, name := lockEnv("LK_ADDR"), lockEnv("LK_PREFIX"), lockEnv("LK_NAME")
@@ -73,8 +80,23 @@ func lockMutexMain() int {
 	defer rdb.Close()
 	locks := lockx.New(rdb, lockx.Config{Prefix: prefix + "lock:"})
 	ctx := context.Background()
-	end := time.Now().Add(runFor)
+	if err := rdb.Incr(ctx, prefix+"ready").Err(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if err := rdb.BLPop(ctx, 5*time.Minute, prefix+"go").Err(); err != nil {
+		fmt.Fprintln(os.Stderr, "waiting for the go signal:", err)
+		return 2
+	}
+	// Run for LK_FOR, and on (a busy machine) until both counts reach
+	// lockMutexMin, within a bound.
+	end, bound := time.Now().Add(runFor), time.Now().Add(runFor+2*time.Minute)
 	var acquired, conflicts atomic.Int64
+	more := func() bool {
+		now := time.Now()
+		return now.Before(end) ||
+			now.Before(bound) && (acquired.Load() < lockMutexMin || conflicts.Load() < lockMutexMin)
+	}
 	var failed atomic.Bool
 	fail := func(format string, args ...any) {
 		failed.Store(true)
@@ -83,7 +105,7 @@ func lockMutexMain() int {
 	var wg sync.WaitGroup
 	for g := range 20 {
 		wg.Go(func() {
-			for time.Now().Before(end) {
+			for more() {
 				key := "k" + strconv.Itoa(rand.N(lockMutexKeys))
 				var l *lockx.Lock
 				var err error
@@ -124,10 +146,12 @@ func lockMutexMain() int {
 	return 0
 }
 
-// Two processes of 20 goroutines each take the locks of 10 keys for 2 s;
-// no critical section ever finds another holder of its key inside, and
-// each key's fencing tokens, in the order the critical sections ran, are
-// 1, 2, 3, ...: one per acquisition, none shared.
+// Two processes of 20 goroutines each take the locks of 10 keys for 2 s,
+// started together, and on (a busy machine) until each has made 100
+// acquisitions and met 100 conflicts; no critical section ever finds
+// another holder of its key inside, and each key's fencing tokens, in the
+// order the critical sections ran, are 1, 2, 3, ...: one per acquisition,
+// none shared.
 func TestLock_mutualExclusion(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Shared(t)
@@ -138,9 +162,19 @@ func TestLock_mutualExclusion(t *testing.T) {
 		startSubprocess(t, "lock-mutex", append(env, "LK_NAME=p1")...),
 		startSubprocess(t, "lock-mutex", append(env, "LK_NAME=p2")...),
 	}
+	ctx := t.Context()
+	eventually(t, time.Minute, func() (bool, string) {
+		n, _ := rdb.Get(ctx, prefix+"ready").Int()
+		return n == len(ps), fmt.Sprintf("%d of %d processes ready", n, len(ps))
+	})
+	for range ps {
+		if err := rdb.RPush(ctx, prefix+"go", "go").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var total int64
 	for _, p := range ps {
-		if err := p.wait(20 * time.Second); err != nil {
+		if err := p.wait(3 * time.Minute); err != nil {
 			t.Fatalf("%s: %v\n%s", p.name, err, p.stderr.String())
 		}
 		var acquired, conflicts int64
@@ -148,12 +182,11 @@ func TestLock_mutualExclusion(t *testing.T) {
 			t.Fatalf("%s printed %q", p.name, p.stderr.String())
 		}
 		t.Logf("process: %d acquisitions, %d conflicts", acquired, conflicts)
-		if acquired < 100 || conflicts < 100 {
-			t.Errorf("process acquired %d times and met %d conflicts; want both ≥ 100 for the test to mean anything", acquired, conflicts)
+		if acquired < lockMutexMin || conflicts < lockMutexMin {
+			t.Errorf("process acquired %d times and met %d conflicts; want both ≥ %d for the test to mean anything", acquired, conflicts, lockMutexMin)
 		}
 		total += acquired
 	}
-	ctx := t.Context()
 	if o, _ := rdb.LRange(ctx, prefix+"overlaps", 0, -1).Result(); len(o) > 0 {
 		t.Errorf("%d overlapping holders, e.g. %v", len(o), o[:min(len(o), 5)])
 	}
@@ -257,9 +290,11 @@ func lockWorkerMain() int {
 		TTL:           lockEnvDur("LW_TTL"),
 		ConflictDelay: 100 * time.Millisecond,
 	})).Handle(handler)
+	_, report := watchStalls(rdb)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	err := c.Run(ctx)
+	report()
 	st, _ := json.Marshal(c.Stats())
 	fmt.Fprintf(os.Stderr, "PW_STATS %s\n", st)
 	if err != nil {
@@ -375,35 +410,74 @@ func lockStop(t *testing.T, w *worker) consumer.Stats {
 // A handler running five times its lock's TTL keeps the lock throughout:
 // nobody else can take it, it is not reported lost, and the handler's
 // fenced write is accepted.
+//
+// Renewal every TTL/3 keeps a lock only if the holder's process and Redis
+// run within the TTL. A run in which the worker went TTL/3 or longer
+// without a Redis reply (a busy machine), or the test could not probe for
+// three TTLs of the handler's run, checked nothing and is repeated with a
+// wider TTL; a lost lock without such a stall is a failure.
 func TestLock_renewal(t *testing.T) {
 	t.Parallel()
-	s := newLockScenario(t)
-	const ttl = 300 * time.Millisecond
-	a := s.worker("a", ttl, 600*time.Millisecond, 5*ttl)
-	s.enqueue("K")
-	s.waitEvent("start a 1 1", 10*time.Second)
-	probe := lockx.New(s.rdb, lockx.Config{Prefix: s.locks})
-	probes := 0
-	for !slices.ContainsFunc(s.events(), func(e string) bool { return strings.HasPrefix(e, "write a") }) {
-		if l, err := probe.TryAcquire(t.Context(), "K", time.Minute); !errors.Is(err, lockx.ErrNotObtained) {
-			if l != nil {
-				l.Release(context.Background())
-			}
-			t.Fatalf("another holder took the lock while the handler ran (%d probes in): %v; events %q", probes, err, s.events())
+	redistest.Widen(t, "ttl", 300*time.Millisecond, func(t *testing.T, ttl time.Duration) time.Duration {
+		s := newLockScenario(t)
+		a := s.worker("a", ttl, 2*ttl, 5*ttl)
+		s.enqueue("K")
+		s.waitEvent("start a 1 1", time.Minute)
+		probe := lockx.New(s.rdb, lockx.Config{Prefix: s.locks})
+		wrote := func() bool {
+			return slices.ContainsFunc(s.events(), func(e string) bool { return strings.HasPrefix(e, "write a") })
 		}
-		probes++
-		time.Sleep(20 * time.Millisecond)
-	}
-	if probes < 40 {
-		t.Errorf("only %d probes while the handler ran", probes)
-	}
-	s.waitEvent("held a", 5*time.Second)
-	if ev := s.events(); !slices.Equal(ev, []string{"start a 1 1", "write a 1 accepted", "held a"}) {
-		t.Errorf("events %q", ev)
-	}
-	if st := lockStop(t, a); st.Acked != 1 || st.LeaseLost != 0 || st.Stale != 0 {
-		t.Errorf("worker stats %+v: want Acked 1", st)
-	}
+		var first, last time.Time // the first and the latest probe that found the lock held
+		var taken string          // a probe that took the lock while the handler held it
+		for !wrote() {
+			at := time.Now()
+			l, err := probe.TryAcquire(t.Context(), "K", time.Minute)
+			if errors.Is(err, lockx.ErrNotObtained) {
+				if first.IsZero() {
+					first = at
+				}
+				last = at
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Release(context.Background())
+			// The handler may have written and released the lock since the
+			// loop looked; until it records "held a" it has not.
+			if ev := s.events(); !slices.Contains(ev, "held a") {
+				taken = fmt.Sprintf("another holder took the lock %v after the first probe; events %q", at.Sub(first), ev)
+			}
+			break
+		}
+		s.waitEvent("write a", time.Minute)
+		st := lockStop(t, a)
+		ev := s.events()
+		stall, ok := a.longestStall()
+		if !ok {
+			t.Fatalf("worker a reported no stall measure")
+		}
+		t.Logf("probes found the lock held for %v of the handler's %v; the worker's longest stall %v; events %q",
+			last.Sub(first), 5*ttl, stall, ev)
+		held := taken == "" && slices.Equal(ev, []string{"start a 1 1", "write a 1 accepted", "held a"}) &&
+			st.Acked == 1 && st.LeaseLost == 0 && st.Stale == 0
+		switch {
+		case !held && stall >= ttl/3:
+			t.Logf("the run checked nothing: the worker went %v without a Redis reply, TTL/3 = %v (%s; stats %+v)", stall, ttl/3, taken, st)
+			return 4 * stall
+		case !held:
+			if taken != "" {
+				t.Error(taken)
+			}
+			t.Errorf("events %q, worker stats %+v; want the write accepted, the lock held, Acked 1 (the worker's longest stall was %v, under TTL/3)",
+				ev, st, stall)
+		case last.Sub(first) < 3*ttl:
+			t.Logf("the run checked nothing: the probes covered only %v of the handler's %v", last.Sub(first), 5*ttl)
+			return 2 * ttl
+		}
+		return 0
+	})
 }
 
 // F4: the worker holding a job's lock is frozen (SIGSTOP) past the lock's
@@ -412,43 +486,68 @@ func TestLock_renewal(t *testing.T) {
 // Thawed, the first worker's write, with the old token, is refused by the
 // ledger; its renewal reports the lock lost; its ack is refused (the entry
 // is no longer its own).
+//
+// The second worker must keep its own lock through its handler: a run in
+// which it went TTL/3 or longer without a Redis reply (a busy machine) and
+// lost it checked nothing of that and is repeated with a wider TTL.
 func TestLock_fencingAfterStall(t *testing.T) {
 	t.Parallel()
-	s := newLockScenario(t)
-	const (
-		ttl   = 300 * time.Millisecond
-		vis   = 600 * time.Millisecond
-		sleep = 1000 * time.Millisecond
-	)
-	a := s.worker("a", ttl, vis, sleep)
-	s.enqueue("K")
-	s.waitEvent("start a 1 1", 10*time.Second)
-	a.stop()
-	b := s.worker("b", ttl, vis, sleep)
-	s.waitEvent("start b 2 ", 10*time.Second)
-	s.waitEvent("write b ", 10*time.Second)
-	a.cont()
-	s.waitEvent("write a ", 10*time.Second)
-	s.waitEvent("lost a", 10*time.Second)
-	ev := s.events()
-	want := []string{"start a 1 1", "start b 2 2", "write b 2 accepted", "held b", "write a 1 refused"}
-	if len(ev) != len(want)+1 || !slices.Equal(ev[:len(want)], want) || !strings.HasPrefix(ev[len(want)], "lost a: "+lockx.ErrLockLost.Error()) {
-		t.Errorf("events %q; want %q then a's lock reported lost", ev, want)
-	}
-	if l := s.ledger(); !slices.Equal(l, []string{"b:2"}) {
-		t.Errorf("ledger %q, want only b's write with fencing token 2", l)
-	}
-	sa := lockStop(t, a)
-	if sa.Acked != 0 || sa.Stale+sa.LeaseLost == 0 {
-		t.Errorf("worker a stats %+v: want Acked 0 and its ack refused or its lease lost", sa)
-	}
-	t.Logf("stale worker a: stats %+v; events %q", sa, ev)
-	if sb := lockStop(t, b); sb.Acked != 1 || sb.Reclaimed != 1 {
-		t.Errorf("worker b stats %+v: want Acked 1, Reclaimed 1", sb)
-	}
-	if p, _ := s.rdb.XPending(t.Context(), s.stream, "g").Result(); p == nil || p.Count != 0 {
-		t.Errorf("pending %+v, want none", p)
-	}
+	redistest.Widen(t, "ttl", 300*time.Millisecond, func(t *testing.T, ttl time.Duration) time.Duration {
+		s := newLockScenario(t)
+		vis, sleep := 2*ttl, ttl*10/3
+		a := s.worker("a", ttl, vis, sleep)
+		s.enqueue("K")
+		s.waitEvent("start a 1 1", time.Minute)
+		a.stop()
+		b := s.worker("b", ttl, vis, sleep)
+		s.waitEvent("start b 2 ", time.Minute)
+		s.waitEvent("write b ", time.Minute)
+		a.cont()
+		s.waitEvent("write a ", time.Minute)
+		s.waitEvent("lost a", time.Minute)
+		sb := lockStop(t, b)
+		ev := s.events()
+		// Each worker's events in order; b's write comes before a's (a
+		// was thawed after it).
+		var evA, evB []string
+		for _, e := range ev {
+			if f := strings.Fields(e); len(f) > 1 && strings.TrimSuffix(f[1], ":") == "a" {
+				evA = append(evA, e)
+			} else {
+				evB = append(evB, e)
+			}
+		}
+		stallB, _ := b.longestStall()
+		if !slices.Contains(evB, "held b") && stallB >= ttl/3 {
+			t.Logf("the run checked nothing: worker b went %v without a Redis reply, TTL/3 = %v, and lost its lock; events %q", stallB, ttl/3, ev)
+			return 4 * stallB
+		}
+		wantA := []string{"start a 1 1", "write a 1 refused"}
+		if len(evA) != 3 || !slices.Equal(evA[:2], wantA) || !strings.HasPrefix(evA[2], "lost a: "+lockx.ErrLockLost.Error()) {
+			t.Errorf("worker a's events %q; want %q then its lock reported lost", evA, wantA)
+		}
+		if wantB := []string{"start b 2 2", "write b 2 accepted", "held b"}; !slices.Equal(evB, wantB) {
+			t.Errorf("worker b's events %q, want %q (b's longest stall %v)", evB, wantB, stallB)
+		}
+		if slices.Index(ev, "write b 2 accepted") > slices.Index(ev, "write a 1 refused") {
+			t.Errorf("events %q: a wrote before b", ev)
+		}
+		if l := s.ledger(); !slices.Equal(l, []string{"b:2"}) {
+			t.Errorf("ledger %q, want only b's write with fencing token 2", l)
+		}
+		sa := lockStop(t, a)
+		if sa.Acked != 0 || sa.Stale+sa.LeaseLost == 0 {
+			t.Errorf("worker a stats %+v: want Acked 0 and its ack refused or its lease lost", sa)
+		}
+		t.Logf("stale worker a: stats %+v; events %q", sa, ev)
+		if sb.Acked != 1 || sb.Reclaimed != 1 {
+			t.Errorf("worker b stats %+v: want Acked 1, Reclaimed 1", sb)
+		}
+		if p, _ := s.rdb.XPending(t.Context(), s.stream, "g").Result(); p == nil || p.Count != 0 {
+			t.Errorf("pending %+v, want none", p)
+		}
+		return 0
+	})
 }
 
 // lockCleanup deletes every key under prefix.

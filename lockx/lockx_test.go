@@ -289,29 +289,42 @@ func TestClient_Acquire(t *testing.T) {
 		}
 	})
 
+	// Acquire gives up at the Wait: no earlier, and no later than the try
+	// in flight then and a stall allow. It keeps trying meanwhile: its
+	// backoffs and tries fill at least half the Wait, less the stalls
+	// (on a busy machine, timers fire late and tries take long).
 	t.Run("timesOut", func(t *testing.T) {
 		t.Parallel()
-		c, _, _ := setup(t)
+		const wait, backoff = 150 * time.Millisecond, 10 * time.Millisecond
+		c, rdb, _ := setup(t)
 		ctx := t.Context()
 		held, err := c.TryAcquire(ctx, "k", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer held.Release(ctx)
+		var calls redistest.CallTimer
+		rdb.AddHook(&calls)
+		stalls := redistest.WatchStalls(redistest.Shared(t), 2*redistest.StallInterval)
+		defer stalls.Stop()
 		start := time.Now()
 		var tries int
 		_, err = c.Acquire(ctx, "k", time.Minute, lockx.AcquireOptions{
-			Wait:    150 * time.Millisecond,
-			Backoff: func(n int) time.Duration { tries = n; return 10 * time.Millisecond },
+			Wait:    wait,
+			Backoff: func(n int) time.Duration { tries = n; return backoff },
 		})
+		took := time.Since(start)
 		if !errors.Is(err, lockx.ErrNotObtained) {
 			t.Fatalf("Acquire: %v, want ErrNotObtained", err)
 		}
-		if took := time.Since(start); took < 150*time.Millisecond || took > time.Second {
-			t.Errorf("Acquire gave up after %v, want about 150ms", took)
+		work := calls.Total()
+		stalled := stalls.Within(start, time.Now())
+		if took < wait || took > wait+work+stalled+50*time.Millisecond {
+			t.Errorf("Acquire gave up after %v, want %v to %v + %v in Redis calls + %v stalled + 50ms", took, wait, wait, work, stalled)
 		}
-		if tries < 5 {
-			t.Errorf("only %d tries", tries)
+		if tries < 2 || time.Duration(tries)*backoff+work < wait/2-stalled {
+			t.Errorf("%d tries of %v backoff and %v in Redis calls in %v; want them to fill half the wait, less %v stalled",
+				tries, backoff, work, took, stalled)
 		}
 	})
 

@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -159,28 +160,50 @@ func TestLock_lostCancels(t *testing.T) {
 	}
 }
 
-// A lock is renewed while its handler runs five times its TTL.
+// A lock is renewed while its handler runs five times its TTL. A run in
+// which this process or Redis went TTL/3 or longer without a reply (a busy
+// machine), or the handler could not probe for three TTLs, checked nothing
+// and is repeated with a wider TTL.
 func TestLock_renews(t *testing.T) {
 	t.Parallel()
 	locks, rdb, prefix := lockSetup(t)
-	const ttl = 100 * time.Millisecond
-	h := middleware.Lock(rdb, middleware.LockConfig{Prefix: prefix, TTL: ttl})(
-		consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
-			end := time.Now().Add(5 * ttl)
-			for time.Now().Before(end) {
-				if ctx.Err() != nil {
-					return context.Cause(ctx)
+	redistest.Widen(t, "ttl", 100*time.Millisecond, func(t *testing.T, ttl time.Duration) time.Duration {
+		stalls := redistest.WatchStalls(rdb, 2*redistest.StallInterval)
+		defer stalls.Stop()
+		var first, last time.Time // the first and the latest probe that found the lock held
+		h := middleware.Lock(rdb, middleware.LockConfig{Prefix: prefix, TTL: ttl})(
+			consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+				end := time.Now().Add(5 * ttl)
+				for time.Now().Before(end) {
+					if ctx.Err() != nil {
+						return context.Cause(ctx)
+					}
+					at := time.Now()
+					if first.IsZero() {
+						first = at
+					}
+					if lockFree(t, locks, job.LockKey) {
+						return fmt.Errorf("the lock expired %v after the first probe", at.Sub(first))
+					}
+					last = at
+					time.Sleep(10 * time.Millisecond)
 				}
-				if lockFree(t, locks, job.LockKey) {
-					return errors.New("the lock expired while the handler ran")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			return nil
-		}))
-	if err := h.Process(t.Context(), &stream.Job{LockKey: "k"}); err != nil {
-		t.Fatal(err)
-	}
+				return nil
+			}))
+		err := h.Process(t.Context(), &stream.Job{LockKey: "k-" + ttl.String()})
+		stall := stalls.Longest()
+		switch {
+		case err != nil && stall >= ttl/3:
+			t.Logf("the run checked nothing: this process or Redis went %v without a reply, TTL/3 = %v (%v)", stall, ttl/3, err)
+			return 4 * stall
+		case err != nil:
+			t.Fatalf("%v (the longest stall was %v, under TTL/3)", err, stall)
+		case last.Sub(first) < 3*ttl:
+			t.Logf("the run checked nothing: the probes covered only %v of the handler's %v", last.Sub(first), 5*ttl)
+			return 2 * ttl
+		}
+		return 0
+	})
 }
 
 // The lock is released whatever the handler does: returns an error, returns

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,19 +14,37 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
+// Six callers in two "processes" share one key's limit (100 per 200 ms,
+// burst 5) for five periods: the limiter admits the burst plus one request per
+// 2 ms interval, no more, and no fewer than the callers gave it the chance
+// to. A request arrives between its call's start and return, so no arrival
+// can fall in a time that holds no whole call; the limiter's capacity lapses
+// only in gaps between arrivals longer than the burst, and these lie in such
+// times longer than the burst, which are not counted. A run in which they
+// take a third of the window or more (a busy machine, a slow Redis) could
+// not check the lower bound and is repeated with a period four times as
+// long (a lower rate, a longer burst, the same five periods).
 func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 	t.Parallel()
 	prefix, clients := distSetup(t, 2)
+	redistest.Widen(t, "per", 200*time.Millisecond, func(t *testing.T, per time.Duration) time.Duration {
+		return rateLimitAdmits(t, prefix+per.String()+":", clients, per)
+	})
+}
+
+// rateLimitAdmits runs TestRateLimiter_admitsRatePerPeriod with the period
+// per; it returns a longer one if the run could not check the lower bound.
+func rateLimitAdmits(t *testing.T, prefix string, clients []*redis.Client, per time.Duration) time.Duration {
 	const (
-		rate   = 100
-		per    = 200 * time.Millisecond
-		burst  = 5
-		window = time.Second
+		rate  = 100
+		burst = 5
 	)
+	every, window := per/rate, 5*per
 	var limiters []*middleware.RateLimiter
 	for _, rdb := range clients { // two "processes" share one key
 		l, err := middleware.NewRateLimiter(rdb, middleware.RateLimitConfig{Rate: rate, Per: per, Burst: burst})
@@ -39,6 +56,10 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 		}
 		limiters = append(limiters, l)
 	}
+	var (
+		mu    sync.Mutex
+		calls []redistest.Call
+	)
 	var allowed atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -46,15 +67,20 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 		for range 3 {
 			wg.Go(func() {
 				for time.Since(start) < window {
+					began := time.Now()
 					ok, after, err := l.Allow(context.Background(), prefix+"api")
+					ended := time.Now()
 					if err != nil {
 						t.Error(err)
 						return
 					}
+					mu.Lock()
+					calls = append(calls, redistest.Call{Start: began, End: ended})
+					mu.Unlock()
 					if ok {
 						allowed.Add(1)
-					} else if after <= 0 || after > per/rate*burst {
-						t.Errorf("limited with retry-after %v, want in (0, %v]", after, per/rate*burst)
+					} else if after <= 0 || after > every*burst {
+						t.Errorf("limited with retry-after %v, want in (0, %v]", after, every*burst)
 						return
 					}
 				}
@@ -62,12 +88,30 @@ func TestRateLimiter_admitsRatePerPeriod(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	want := float64(burst) + float64(rate)*window.Seconds()/per.Seconds()
+	first, last := redistest.CallBounds(calls)
+	// Arrivals from the first call's start to the last call's return:
+	// at most the burst and one per interval (and one for the edges).
+	span := last.End.Sub(first.Start)
+	most := float64(burst) + float64(span/every) + 1
+	// The time lapsed lies in stretches longer than the burst that hold no
+	// whole call.
+	lapsed := redistest.Uncovered(calls, burst*every)
+	covered := last.Start.Sub(first.End)
+	least := float64(burst) + float64((covered-lapsed)/every) - 1
 	got := float64(allowed.Load())
-	t.Logf("admitted %v in %v, want %v (%+.1f%%)", got, window, want, 100*(got-want)/want)
-	if math.Abs(got-want) > 0.05*want {
-		t.Errorf("admitted %v in %v, want %v ± 5%%", got, window, want)
+	t.Logf("admitted %v of %d requests over %v; want %v to %v (%v of it held no whole call for over the burst)",
+		got, len(calls), span.Round(time.Millisecond), least, most, lapsed.Round(time.Millisecond))
+	if got > most {
+		t.Errorf("admitted %v requests in %v, want at most %v: the burst %d and one per %v", got, span, most, burst, every)
 	}
+	if lapsed > covered/3 {
+		t.Logf("the run checked nothing of the lower bound: the callers left %v of %v without a whole call", lapsed, covered)
+		return 4 * per
+	}
+	if got < 0.95*least {
+		t.Errorf("admitted %v requests, want at least %v - 5%%: the burst %d and one per %v, less %v without calls", got, least, burst, every, lapsed)
+	}
+	return 0
 }
 
 func TestRateLimiter_burst(t *testing.T) {
@@ -78,18 +122,21 @@ func TestRateLimiter_burst(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	// Burst defaults to Rate: 10 pass at once, the 11th waits one interval.
+	// Burst defaults to Rate: 10 pass at once, the 11th waits one interval
+	// from the first, less the time the requests took.
+	began := time.Now()
 	for i := range 10 {
 		if ok, _, err := l.Allow(ctx, prefix+"k"); !ok || err != nil {
 			t.Fatalf("request %d of the burst: %v %v", i+1, ok, err)
 		}
 	}
 	ok, after, err := l.Allow(ctx, prefix+"k")
+	took := time.Since(began)
 	if ok || err != nil {
 		t.Fatalf("request 11: allowed %v, err %v, want limited", ok, err)
 	}
-	if after < 5900*time.Millisecond || after > 6*time.Second {
-		t.Errorf("retry-after %v, want about 6s (one interval of a minute / 10)", after)
+	if after < 6*time.Second-took || after > 6*time.Second {
+		t.Errorf("retry-after %v, want 6s (one interval of a minute / 10) less at most the %v the requests took", after, took)
 	}
 	// Limited requests take nothing; other keys have their own budget.
 	if ok, _, _ := l.Allow(ctx, prefix+"other"); !ok {

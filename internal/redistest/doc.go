@@ -10,6 +10,11 @@
 // Redis named by REDIS_ADDR, for tests that do not need a private server;
 // Name gives each test its own key prefix, so such tests never FLUSHDB.
 //
+// For a busy machine: StallWatch measures the times a process (and Redis)
+// did not run, and Widen repeats a scenario with wider timings when a run
+// measured that the machine broke its preconditions, so that a test fails
+// only when the product is wrong.
+//
 // Invariants:
 //   - Every server listens on 127.0.0.1 only, on a free port, with its data
 //     directory and log (redis.log) in t.TempDir().

@@ -405,3 +405,94 @@ func TestServer_TLSFilesWithoutTLS(t *testing.T) {
 		t.Errorf("Fatalf = %q, want it to name Options.TLS", msg)
 	}
 }
+
+// A StallWatch reports a stall still going on while Redis is frozen, and
+// then records the time it did not answer as one stall that covers it.
+func TestStallWatch(t *testing.T) {
+	t.Parallel()
+	s := Start(t, Options{})
+	w := WatchStalls(s.Client(t), 100*time.Millisecond)
+	defer w.Stop()
+	covers := func(from, to time.Time) bool {
+		for _, st := range w.Stalls() {
+			if !st.Start.After(from) && !st.End.Before(to) {
+				return true
+			}
+		}
+		return false
+	}
+	s.Stop()
+	stopped := time.Now()
+	time.Sleep(300 * time.Millisecond) // the stall
+	if d, least := w.Longest(), time.Since(stopped); d < least {
+		t.Errorf("while Redis is stopped: longest stall %v; want at least the %v since it was stopped", d, least)
+	}
+	resumed := time.Now() // no reply can come before
+	s.Cont()
+	deadline := resumed.Add(10 * time.Second)
+	for !covers(stopped, resumed) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stalls %v; want one covering %v to %v", w.Stalls(), stopped, resumed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d, want := w.Within(stopped, resumed), resumed.Sub(stopped); d != want {
+		t.Errorf("stalled %v of the %v Redis was stopped, want all of it", d, want)
+	}
+	if d := w.Within(resumed.Add(time.Hour), resumed.Add(2*time.Hour)); d != 0 {
+		t.Errorf("stalled %v of a time to come, want 0", d)
+	}
+}
+
+// A CallTimer adds up the time its client waits for replies, commands and
+// pipelines, and nothing while the client is idle.
+func TestCallTimer(t *testing.T) {
+	t.Parallel()
+	rdb := Shared(t)
+	var ct CallTimer
+	rdb.AddHook(&ct)
+	key := Name(t)
+	time.Sleep(100 * time.Millisecond) // idle: not counted
+	start := time.Now()
+	if err := rdb.BLPop(t.Context(), time.Second, key).Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("BLPOP: %v, want a timeout (redis.Nil)", err)
+	}
+	if _, err := rdb.Pipelined(t.Context(), func(p redis.Pipeliner) error {
+		p.BLPop(t.Context(), time.Second, key)
+		return nil
+	}); !errors.Is(err, redis.Nil) {
+		t.Fatalf("pipelined BLPOP: %v, want a timeout (redis.Nil)", err)
+	}
+	// At most: a new connection's handshake may be counted twice (inside
+	// the call that dials it).
+	if got, most := ct.Total(), time.Since(start)+50*time.Millisecond; got < 2*time.Second || got > most {
+		t.Errorf("Total %v after two 1 s BLPOPs in %v; want at least 2 s and at most that", got, most)
+	}
+}
+
+// Uncovered bounds the gaps between arrivals by the stretches that hold no
+// whole call, and counts nothing where calls are dense.
+func TestUncovered(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms ...int) []Call {
+		var cs []Call
+		for i := 0; i < len(ms); i += 2 {
+			cs = append(cs, Call{t0.Add(time.Duration(ms[i]) * time.Millisecond), t0.Add(time.Duration(ms[i+1]) * time.Millisecond)})
+		}
+		return cs
+	}
+	for _, tc := range []struct {
+		calls []Call
+		want  time.Duration
+	}{
+		{at(0, 2, 1, 3, 50, 52, 51, 53), 51 * time.Millisecond}, // from B's start to C's return
+		{at(50, 52, 0, 2, 51, 53, 1, 3), 51 * time.Millisecond}, // unsorted
+		{at(0, 2, 1, 3, 4, 6, 5, 7, 8, 10), 0},
+		{at(0, 2, 20, 22, 40, 42), 42 * time.Millisecond}, // two stretches that overlap: [0,22] and [20,42]
+		{at(0, 2), 0},
+	} {
+		if got := Uncovered(tc.calls, 10*time.Millisecond); got != tc.want {
+			t.Errorf("Uncovered(%v) = %v, want %v", tc.calls, got, tc.want)
+		}
+	}
+}
