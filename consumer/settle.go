@@ -456,6 +456,12 @@ func errText(err error) string {
 // maxLoggedValue bounds each value a producer controls in a log record.
 const maxLoggedValue = 256
 
+// BoundLogValue cuts s, a value a producer chose (a job's type, ID,
+// idempotency or lock key), to the 256 bytes Pelican puts in a log record,
+// so that a 1 MB type cannot make a 1 MB log line. Middleware that logs such
+// values uses it too.
+func BoundLogValue(s string) string { return clip(s) }
+
 // clip bounds s, a value a producer chose, for a log record.
 func clip(s string) string {
 	if len(s) > maxLoggedValue {

@@ -220,7 +220,8 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 				cerr := store.Complete(sctx, key, owner, claim.Result())
 				if errors.Is(cerr, idem.ErrNotOwner) {
 					cfg.Logger.Warn("idempotency: record taken over before completion; the lease is shorter than the handler's run",
-						"job_id", job.ID, "idempotency_key", job.IdempotencyKey, "record", key, "lease", cfg.Lease)
+						"job_id", consumer.BoundLogValue(job.ID), "idempotency_key", consumer.BoundLogValue(job.IdempotencyKey),
+						"record", consumer.BoundLogValue(key), "lease", cfg.Lease)
 					return consumer.Snooze(concJitter(cfg.InProgressDelay))
 				}
 				if cerr != nil {
@@ -231,7 +232,8 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 				return consumer.Snooze(concJitter(cfg.InProgressDelay))
 			case idemPermanent(herr):
 				if ferr := store.Fail(sctx, key, owner, idemTruncate(herr.Error())); ferr != nil {
-					cfg.Logger.Warn("idempotency: failing the record", "job_id", job.ID, "idempotency_key", job.IdempotencyKey, "record", key, "error", ferr)
+					cfg.Logger.Warn("idempotency: failing the record", "job_id", consumer.BoundLogValue(job.ID),
+						"idempotency_key", consumer.BoundLogValue(job.IdempotencyKey), "record", consumer.BoundLogValue(key), "error", ferr)
 				}
 				return herr
 			default:
@@ -274,7 +276,8 @@ func idemPermanent(err error) bool {
 
 func idemRelease(ctx context.Context, log *slog.Logger, store idem.Store, job *stream.Job, key, owner string) {
 	if err := store.Release(ctx, key, owner); err != nil {
-		log.Warn("idempotency: releasing the record", "job_id", job.ID, "idempotency_key", job.IdempotencyKey, "record", key, "error", err)
+		log.Warn("idempotency: releasing the record", "job_id", consumer.BoundLogValue(job.ID),
+			"idempotency_key", consumer.BoundLogValue(job.IdempotencyKey), "record", consumer.BoundLogValue(key), "error", err)
 	}
 }
 

@@ -117,7 +117,8 @@ Dead letters are counted by reason over at most 100000 entries.
 // Without names, it shows the streams SCAN finds that the Redis user may
 // read: a stream whose keys it may not read (NOPERM), another team's under
 // an ACL, is skipped and only counted, on stderr, so that its name appears
-// nowhere; a user that may not SCAN is told to name its streams.
+// nowhere; a user that may not SCAN is told to name its streams. A stream
+// deleted between the SCAN and its reads is left out.
 func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []string, clear bool) error {
 	scanned := len(names) == 0
 	if scanned {
@@ -147,6 +148,8 @@ func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []s
 		case scanned && noPerm(err):
 			skipped++
 			continue
+		case scanned && exitCode(err) == exitNotFound:
+			continue // deleted since the SCAN found it
 		case err != nil:
 			return err
 		}
