@@ -33,16 +33,18 @@ type Consumer struct {
 	started atomic.Bool
 
 	// Set by Run.
-	r       resolved
-	chain   Handler
-	claimer *claim.Claimer
-	slots   chan struct{}
-	base    context.Context // parent of the handlers' contexts
-	ackCh   chan ackItem
-	ackDone chan struct{}
-	errLog  rateLog
-	leases  leases
-	stats   counters
+	r         resolved
+	chain     Handler
+	claimer   *claim.Claimer
+	slots     chan struct{}
+	base      context.Context // parent of the handlers' contexts
+	ackCh     chan ackItem
+	retryCh   chan *retryReq // unbuffered: a send is taken by the retry loop
+	retryDone chan struct{}
+	ackDone   chan struct{}
+	errLog    rateLog
+	leases    leases
+	stats     counters
 
 	mu       sync.Mutex
 	inflight map[string]*task
@@ -132,6 +134,8 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	}
 	c.base = context.WithoutCancel(ctx)
 	c.ackCh = make(chan ackItem, 4*r.Concurrency+256)
+	c.retryCh = make(chan *retryReq)
+	c.retryDone = make(chan struct{})
 	c.suspects.ready = make(chan struct{}, 1)
 	c.ackDone = make(chan struct{})
 	c.inflight = make(map[string]*task)
@@ -159,6 +163,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.startLeases(beat, &side)
 	stopAcks := make(chan struct{})
 	side.Go(func() { c.ackLoop(stopAcks) })
+	side.Go(func() { c.retryLoop(stopAcks) })
 	var runner sync.WaitGroup
 	intakeDone := make(chan struct{})
 	runner.Go(func() { c.runSuspects(work, intakeDone) })

@@ -690,7 +690,9 @@ func TestConsumer_redeliveredJobRunsAsSuspect(t *testing.T) {
 		return nil
 	}))
 	start(t, c)
-	waitFor(t, 5*time.Second, "the job acknowledged", func() bool { return len(b.pending(t)) == 0 })
+	waitFor(t, 5*time.Second, "the job acknowledged and its crash counter cleared", func() bool {
+		return len(b.pending(t)) == 0 && c.Stats().Acked == 1 && !b.m.Exists(b.keys.Crashes+id)
+	})
 	if n := runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
@@ -772,7 +774,7 @@ func TestConsumer_suspectsRunAlone(t *testing.T) {
 		return nil
 	}))
 	start(t, c)
-	waitFor(t, 10*time.Second, "all 23 jobs done", func() bool { return done.Load() == 23 && len(b.pending(t)) == 0 })
+	waitFor(t, 10*time.Second, "all 23 jobs done", func() bool { return done.Load() == 23 && len(b.pending(t)) == 0 && c.Stats().Suspects == 3 })
 	if overlap.Load() {
 		t.Error("a suspect ran beside another job")
 	}
@@ -807,7 +809,7 @@ func TestConsumer_firstSuspectRunShared(t *testing.T) {
 		}
 	}))
 	start(t, c)
-	waitFor(t, 15*time.Second, "all suspects settled", func() bool { return len(b.pending(t)) == 0 })
+	waitFor(t, 15*time.Second, "all suspects settled", func() bool { return len(b.pending(t)) == 0 && c.Stats().Acked == n })
 	if d := b.dead(t); len(d) != 0 {
 		t.Errorf("dead letters: %v", d)
 	}

@@ -269,16 +269,25 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 	fields := stream.Encode(&next)
 	// retry.lua compares the delay in ms: a positive delay under 1 ms is no
 	// delay, and must come with the fields of the entry to add at once.
-	args := []any{c.r.Group, c.r.Consumer, d.id, delay.Milliseconds()}
+	args := []any{d.id, delay.Milliseconds()}
+	size := 0
 	if delay.Milliseconds() > 0 {
-		args = append(args, stream.EncodeDelayed(d.id, fields))
+		member := stream.EncodeDelayed(d.id, fields)
+		args = append(args, member, 0)
+		size = len(member)
 	} else {
-		args = append(args, "")
+		args = append(args, "", len(fields))
 		args = append(args, fields...)
+		for _, f := range fields {
+			switch v := f.(type) {
+			case string:
+				size += len(v)
+			case []byte:
+				size += len(v)
+			}
+		}
 	}
-	ctx, cancel := c.settleContext()
-	defer cancel()
-	res, serr := retryScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.keys.Delayed}, args...).Result()
+	res, serr := c.reschedule(args, size)
 	kind := errKindRetryable
 	switch {
 	case !count:

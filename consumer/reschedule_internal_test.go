@@ -1,0 +1,154 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/stream"
+	"github.com/redis/go-redis/v9"
+)
+
+// One retry script reschedules a batch; each job in it is owner-checked on
+// its own: a stale worker can reschedule nothing in any batch, and the
+// jobs it still owns in the same batch are rescheduled. Against real Redis.
+func TestRetryScript_batchOwnerChecked(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	ctx := context.Background()
+	tag := "{" + redistest.Prefix(t, rdb) + "}"
+	key, delayed := tag+"s", tag+"delayed"
+	ids := make([]string, 4)
+	for i := range ids {
+		ids[i] = rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{"type", "t"}}).Val()
+	}
+	if err := rdb.XGroupCreate(ctx, key, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	read := func(consumer string, n int64) {
+		if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: consumer, Streams: []string{key, ">"}, Count: n, Block: -1}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read("a", 3) // ids[0..2]
+	read("b", 1) // ids[3]
+	rdb.XAck(ctx, key, "g", ids[2])
+	member := stream.EncodeDelayed(ids[0], []any{"type", "t", "attempt", "1"})
+	args := []any{"g", "a",
+		ids[0], 60000, member, 0, // later: the delayed set
+		ids[1], 0, "", 4, "type", "t", "attempt", "1", // now: a new entry
+		ids[2], 0, "", 2, "type", "t", // no longer pending
+		ids[3], 0, "", 2, "type", "t", // b's
+	}
+	res, err := retryScript.Run(ctx, rdb, []string{key, delayed}, args...).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 4 || res[0] != "" || res[2] != int64(-1) || res[3] != int64(-1) {
+		t.Fatalf("retry.lua = %v; want \"\", a new ID, -1, -1", res)
+	}
+	newID, _ := res[1].(string)
+	if got := rdb.XRange(ctx, key, newID, newID).Val(); len(got) != 1 || got[0].Values["attempt"] != "1" {
+		t.Errorf("new entry %s = %v; want the retried job", newID, got)
+	}
+	if n := rdb.ZCard(ctx, delayed).Val(); n != 1 {
+		t.Errorf("delayed set holds %d; want the one job", n)
+	}
+	p := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: key, Group: "g", Start: "-", End: "+", Count: 10}).Val()
+	if len(p) != 1 || p[0].ID != ids[3] || p[0].Consumer != "b" {
+		t.Errorf("pending %+v; want only b's entry, untouched", p)
+	}
+}
+
+// scriptCounter counts the EVALSHA/EVAL calls of one script.
+type scriptCounter struct {
+	sha string
+	n   atomic.Int64
+}
+
+func (h *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && (args[0] == "evalsha" || args[0] == "eval") {
+			if s, _ := args[1].(string); s == h.sha || s == retryLua {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Jobs that fail together are rescheduled together: fewer retry scripts
+// than jobs, each job once.
+func TestConsumer_retriesBatched(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	ctx := context.Background()
+	q := "{" + redistest.Prefix(t, rdb) + "}q"
+	keys, _ := stream.KeysFor(q)
+	const n = 200
+	jobs := make([]*stream.Job, n)
+	for i := range jobs {
+		jobs[i] = &stream.Job{Type: "t", Payload: []byte("{}")}
+	}
+	if _, err := stream.NewProducer(rdb, stream.ProducerConfig{Stream: q}).EnqueueBatch(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	counter := &scriptCounter{sha: retryScript.Hash()}
+	crdb := redis.NewClient(&redis.Options{Addr: redistest.Addr()})
+	defer crdb.Close()
+	crdb.AddHook(counter)
+	var mu sync.Mutex
+	runs := map[string]int{}
+	c := New(crdb, Config{Stream: q, Group: "g", Concurrency: 50, Logger: slog.New(slog.DiscardHandler),
+		RetryBackoff: func(int) time.Duration { return 0 }}).Handle(HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		mu.Lock()
+		runs[j.ID]++
+		first := runs[j.ID] == 1
+		mu.Unlock()
+		if first {
+			time.Sleep(5 * time.Millisecond) // finish together
+			return errors.New("once")
+		}
+		return nil
+	}))
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for c.Stats().Acked < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v", c.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := c.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	for _, j := range jobs {
+		if runs[j.ID] != 2 {
+			t.Errorf("job %s ran %d times, want 2", j.ID, runs[j.ID])
+		}
+	}
+	if st := c.Stats(); st.Retried != n {
+		t.Errorf("stats %+v; want %d retried", st, n)
+	}
+	calls := counter.n.Load()
+	t.Logf("%d jobs rescheduled by %d retry scripts", n, calls)
+	if calls >= n {
+		t.Errorf("%d retry scripts for %d jobs; want them batched", calls, n)
+	}
+	if rdb.ZCard(ctx, keys.Delayed).Val() != 0 {
+		t.Error("jobs left in the delayed set")
+	}
+}
