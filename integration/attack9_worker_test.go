@@ -314,7 +314,7 @@ func a9Repeat(n int, b a9Job) []a9Job {
 // a9Dead is one dead-letter entry, decoded loosely.
 type a9Dead struct {
 	ID, JobID, Reason, Error, LastError, ErrorHistory string
-	Fields                                          map[string]string
+	Fields                                            map[string]string
 }
 
 // a9DeadLetters returns the dead-letter entries of s.
