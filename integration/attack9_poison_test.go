@@ -20,6 +20,12 @@ import (
 // a9PoisonRun enqueues poison and innocent jobs, runs supervised workers that
 // are restarted when they die, and checks the outcome by counting.
 func a9PoisonRun(t *testing.T, slots []string, newNames bool, maxCrashes int, poison, innocents, sometimes []a9Job) {
+	a9PoisonRunDelay(t, slots, newNames, 0, maxCrashes, poison, innocents, sometimes)
+}
+
+// a9PoisonRunDelay is a9PoisonRun with crashed workers kept down for delay
+// before their restart.
+func a9PoisonRunDelay(t *testing.T, slots []string, newNames bool, delay time.Duration, maxCrashes int, poison, innocents, sometimes []a9Job) {
 	s := newA9Scenario(t)
 	var jobs []a9Job
 	jobs = append(jobs, poison...)
@@ -32,6 +38,7 @@ func a9PoisonRun(t *testing.T, slots []string, newNames bool, maxCrashes int, po
 	sometimesIDs := ids[len(poison)+len(innocents):]
 
 	sv := s.a9Supervise(slots, a9Config{MaxCrashes: maxCrashes, Concurrency: 6}, newNames)
+	sv.delay = delay
 	sv.until(4*time.Minute, func() (bool, string) {
 		dead := s.a9DeadByJob()
 		led := readLedger(t, s.ledger)
@@ -135,6 +142,15 @@ func TestAttack9_poison_severalAtOnce_sameNames(t *testing.T) {
 	a9PoisonRun(t, []string{"w1", "w2", "w3"}, false, 3, poison, a9Innocents(40), nil)
 }
 
+// The same with crashed workers down for longer than the visibility timeout
+// before they come back under their own names: their jobs are first taken
+// over by the others' sweeps, and the restarted worker finds some of its
+// own entries gone to other consumers.
+func TestAttack9_poison_severalAtOnce_sameNamesSlowRestart(t *testing.T) {
+	poison := a9Repeat(3, a9Job{SleepMS: 300, Crash: "before"})
+	a9PoisonRunDelay(t, []string{"w1", "w2", "w3"}, false, time.Second, 3, poison, a9Innocents(40), nil)
+}
+
 // The same with every restarted worker under a new name: the dead workers'
 // jobs are recovered by the sweeps of the live ones, beside their own work.
 func TestAttack9_poison_severalAtOnce_newNames(t *testing.T) {
@@ -164,6 +180,32 @@ func TestAttack9_poison_crashesSometimes(t *testing.T) {
 func TestAttack9_poison_crashesOneWorkerOnly(t *testing.T) {
 	sometimes := a9Repeat(3, a9Job{SleepMS: 250, Crash: "before", CrashOn: "w1"})
 	a9PoisonRun(t, []string{"w1", "w2"}, false, 3, nil, a9Innocents(30), sometimes)
+}
+
+// Poison jobs beside innocents that run longer than the visibility timeout
+// (kept by the heartbeat), on three workers restarted under new names: a
+// suspect that waits on its consumer for those long jobs to finish is not
+// blamed for it, and no innocent dies.
+func TestAttack9_poison_besideLongJobs(t *testing.T) {
+	poison := a9Repeat(2, a9Job{SleepMS: 300, Crash: "before"})
+	innocents := a9Innocents(20)
+	for i := 0; i < 8; i++ {
+		innocents = append(innocents, a9Job{SleepMS: 2000, N: 5000 + i})
+	}
+	a9PoisonRun(t, []string{"w1", "w2", "w3"}, true, 3, poison, innocents, nil)
+}
+
+// At MaxCrashes 2 (the least), poison jobs that run for a while before they
+// crash (longer than the visibility timeout) keep fresh poison running on
+// the workers where suspects wait for their turn to run alone: a suspect
+// that never started there must not be charged for that crash.
+func TestAttack9_poison_slowPoison_maxCrashes2(t *testing.T) {
+	poison := a9Repeat(4, a9Job{SleepMS: 1500, Crash: "before"})
+	innocents := a9Innocents(30)
+	for i := 0; i < 6; i++ {
+		innocents = append(innocents, a9Job{SleepMS: 1200, N: 5000 + i})
+	}
+	a9PoisonRun(t, []string{"w1", "w2", "w3"}, true, 2, poison, innocents, nil)
 }
 
 // MaxCrashes below 2 is refused by Run before it touches Redis, naming the

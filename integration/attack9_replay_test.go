@@ -229,3 +229,50 @@ func TestAttack9_replay_crashedThroughIdempotency(t *testing.T) {
 		t.Errorf("dead letters left: %d", len(d))
 	}
 }
+
+// --forget-failed-idempotency forgets failed records only: a job that died
+// exhausted and whose operation another job of its key then completed is
+// replayed with the flag, and is acknowledged without running.
+func TestAttack9_replay_forgetKeepsCompleted(t *testing.T) {
+	s := newA9Scenario(t)
+	ctx := context.Background()
+	prefix := redistest.Prefix(t, s.rdb) + "idem:"
+	store := idem.NewRedisStore(s.rdb, idem.RedisConfig{Prefix: prefix})
+	mws := []consumer.Middleware{
+		middleware.Idempotency(store, middleware.IdempotencyConfig{Lease: 5 * time.Second, InProgressDelay: 50 * time.Millisecond, Logger: quietA9()}),
+		middleware.Retry(middleware.RetryConfig{MaxAttempts: 2, Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}),
+	}
+	p := stream.NewProducer(s.rdb, stream.ProducerConfig{Stream: s.stream})
+	key := s.stream + ":op"
+	dying := a9IdemJob(t, a9Job{Fail: "retry"}, key)
+	if _, err := p.Enqueue(ctx, dying); err != nil {
+		t.Fatal(err)
+	}
+	s.a9Run("c1", consumer.Config{}, mws...)
+	eventually(t, time.Minute, func() (bool, string) {
+		return len(s.a9DeadByJob()[dying.ID]) == 1 && s.a9Idle("g"), fmt.Sprint(s.a9State("g"))
+	})
+	other := a9IdemJob(t, a9Job{N: 1}, key)
+	if _, err := p.Enqueue(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, func() (bool, string) {
+		return countEvents(readLedger(t, s.ledger), "effect")[other.ID] == 1 && s.a9Idle("g"), "other job not done"
+	})
+	before := countEvents(readLedger(t, s.ledger), "start")[dying.ID]
+	out, code := a9CLI(t, s.addr, "dlq", "replay", s.stream, "--forget-failed-idempotency", "--idempotency-prefix", prefix, "--yes")
+	if code != 0 {
+		t.Fatalf("replay exited %d:\n%s", code, out)
+	}
+	eventually(t, time.Minute, func() (bool, string) {
+		q := s.a9State("g")
+		return q.Dead == 0 && q.Len == 0 && s.a9Idle("g"), fmt.Sprint(q)
+	})
+	if n := countEvents(readLedger(t, s.ledger), "start")[dying.ID] - before; n != 0 {
+		t.Errorf("the replayed job ran %d times although its operation had completed", n)
+	}
+	o, err := store.Begin(ctx, key, "probe", time.Second)
+	if err != nil || o.Status != idem.StatusCompleted {
+		t.Errorf("record after the replay: %+v %v, want completed", o, err)
+	}
+}

@@ -424,3 +424,166 @@ func TestAttack9_retention_trimAckedLeavesLast(t *testing.T) {
 		t.Errorf("TrimAcked removed %d (%v), want 5; stream length now %d", n, err, s.a9State("g").Len)
 	}
 }
+
+// Enough settled entries are held back behind other groups for the consumer
+// to delete them one by one: group B holds scattered entries pending (the
+// first among them, so nothing can be trimmed below it) and group C has read
+// only the first two thirds. Every entry B holds pending and every entry C
+// has not read survives, with its body; the others may go.
+func TestAttack9_retention_heldBackDeletesRespectOtherGroups(t *testing.T) {
+	s := newA9Scenario(t)
+	ctx := context.Background()
+	const n = 3000
+	for _, g := range []string{"B", "C"} {
+		if err := s.rdb.XGroupCreateMkStream(ctx, s.stream, g, "0").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.a9Enqueue(a9Mixed(n, 0, 0)...)
+	read := func(g string, count int64) []redis.XMessage {
+		msgs, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: g, Consumer: "raw", Streams: []string{s.stream, ">"}, Count: count, Block: -1}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return msgs[0].Messages
+	}
+	bMsgs := read("B", n)
+	held := map[string]bool{}
+	for i, m := range bMsgs {
+		if i%50 == 0 {
+			held[m.ID] = true
+		} else {
+			s.rdb.XAck(ctx, s.stream, "B", m.ID)
+		}
+	}
+	cMsgs := read("C", 2*n/3)
+	for _, m := range cMsgs {
+		s.rdb.XAck(ctx, s.stream, "C", m.ID)
+	}
+	unreadByC := map[string]bool{}
+	for _, m := range bMsgs[2*n/3:] {
+		unreadByC[m.ID] = true
+	}
+	s.a9Run("a1", consumer.Config{Group: "A"})
+	s.a9Run("a2", consumer.Config{Group: "A"})
+	eventually(t, 2*time.Minute, func() (bool, string) {
+		k := len(countEvents(readLedger(t, s.ledger), "effect"))
+		return k == n && s.pending("A") == 0, fmt.Sprintf("%d effects", k)
+	})
+	time.Sleep(time.Second)
+	rest, err := s.rdb.XRange(ctx, s.stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	present := map[string]bool{}
+	for _, m := range rest {
+		if len(m.Values) > 0 {
+			present[m.ID] = true
+		}
+	}
+	lostHeld, lostUnread := 0, 0
+	for id := range held {
+		if !present[id] {
+			lostHeld++
+		}
+	}
+	for id := range unreadByC {
+		if !present[id] {
+			lostUnread++
+		}
+	}
+	t.Logf("%d of %d entries left", len(rest), n)
+	if lostHeld > 0 || lostUnread > 0 {
+		t.Errorf("deleted %d entries pending in group B and %d entries group C had not read", lostHeld, lostUnread)
+	}
+	// B re-reads its pending entries, C reads the rest: all bodies there.
+	hist, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "B", Consumer: "raw", Streams: []string{s.stream, "0"}, Count: n, Block: -1}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range hist[0].Messages {
+		if len(m.Values) == 0 {
+			t.Errorf("B's pending entry %s has no body", m.ID)
+		}
+	}
+	if got := len(read("C", n)); got != len(unreadByC) {
+		t.Errorf("group C read %d entries, want %d", got, len(unreadByC))
+	}
+}
+
+// stream.TrimAcked (the trim for KeepSettled) never removes an entry a
+// group has not read or holds pending, also with entry IDs whose parts are
+// above 2^53 or near 2^64 (a hostile producer's explicit IDs).
+func TestAttack9_retention_trimAckedSafe(t *testing.T) {
+	const n = 300
+	gen := func(ms, seq string, seqStep bool) []string {
+		out := make([]string, n)
+		for i := range out {
+			if seqStep {
+				out[i] = ms + "-" + a9Add(seq, i)
+			} else {
+				out[i] = a9Add(ms, i) + "-" + seq
+			}
+		}
+		return out
+	}
+	cases := map[string][]string{
+		"normal":       gen("1000", "1", true),
+		"seqAbove2^53": gen("1000", "9007199254740990", true),
+		"seqNear2^64":  gen("1000", "18446744073709551316", true),
+		"msAbove2^53":  gen("9007199254740990", "0", false),
+		"msNear2^64":   gen("18446744073709551316", "0", false),
+	}
+	for name, ids := range cases {
+		for _, readB := range []int{99, 150, 199, 200} {
+			t.Run(fmt.Sprintf("%s/read%d", name, readB), func(t *testing.T) {
+				s := newA9Scenario(t)
+				ctx := context.Background()
+				for i, id := range ids {
+					if err := s.rdb.Do(ctx, "XADD", s.stream, id, "type", "a9", "payload", fmt.Sprintf(`{"n":%d}`, i)).Err(); err != nil {
+						t.Fatalf("XADD %s: %v", id, err)
+					}
+				}
+				// Group A has read and acknowledged everything but holds
+				// entry 250 pending; group B has read and acknowledged the
+				// first readB entries.
+				for g, count := range map[string]int{"A": n, "B": readB} {
+					if err := s.rdb.XGroupCreate(ctx, s.stream, g, "0").Err(); err != nil {
+						t.Fatal(err)
+					}
+					msgs, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: g, Consumer: "raw", Streams: []string{s.stream, ">"}, Count: int64(count), Block: -1}).Result()
+					if err != nil || len(msgs[0].Messages) != count {
+						t.Fatalf("read %s: %v", g, err)
+					}
+					for i, m := range msgs[0].Messages {
+						if g == "A" && i == 250 {
+							continue
+						}
+						s.rdb.XAck(ctx, s.stream, g, m.ID)
+					}
+				}
+				removed, err := stream.TrimAcked(ctx, s.rdb, s.stream, 0)
+				if err != nil {
+					t.Fatalf("TrimAcked: %v", err)
+				}
+				rest, _ := s.rdb.XRange(ctx, s.stream, "-", "+").Result()
+				present := map[string]bool{}
+				for _, m := range rest {
+					present[m.ID] = true
+				}
+				for _, id := range ids[readB:] {
+					if !present[id] {
+						t.Errorf("TrimAcked removed %s, which group B has not read", id)
+						break
+					}
+				}
+				if int(removed) != n-len(rest) {
+					t.Errorf("TrimAcked reported %d removed, the stream lost %d", removed, n-len(rest))
+				}
+				if name == "normal" && readB >= 150 && removed == 0 {
+					t.Errorf("TrimAcked removed nothing although group B read %d entries", readB)
+				}
+			})
+		}
+	}
+}
