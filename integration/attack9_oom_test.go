@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -208,4 +209,80 @@ func mustJob(t testing.TB, v any) *stream.Job {
 		t.Fatal(err)
 	}
 	return j
+}
+
+// Redis full of other data (a filler key nobody frees): the queue's own
+// settlements still work, retries included (each moves a job out of the
+// stream into the delayed set and back), dead letters are written, every
+// job ends once, and enqueueing works again once the filler is gone.
+func TestAttack9_oom_fullOfOtherData(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory", "8mb", "--maxmemory-policy", "noeviction"}})
+	rdb := srv.Client(t)
+	s := newScenario(t, rdb, srv.Addr())
+	ctx := context.Background()
+	if err := rdb.XGroupCreateMkStream(ctx, s.stream, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var jobs []a9Job
+	for i := 0; i < 300; i++ {
+		switch i % 3 {
+		case 0:
+			jobs = append(jobs, a9Job{N: i})
+		case 1:
+			jobs = append(jobs, a9Job{Fail: "retry", FailAttempts: 3, N: i})
+		case 2:
+			jobs = append(jobs, a9Job{Fail: "permanent", N: i})
+		}
+	}
+	ids := s.a9Enqueue(jobs...)
+	pad := strings.Repeat("f", 200)
+	for i := 0; ; i++ {
+		if err := rdb.Set(ctx, fmt.Sprintf("filler:%d", i), pad, 0).Err(); err != nil {
+			if !strings.Contains(err.Error(), "OOM") {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if _, err := stream.NewProducer(rdb, stream.ProducerConfig{Stream: s.stream}).Enqueue(ctx, mustJob(t, map[string]any{})); err == nil || !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("enqueue on a full Redis: %v, want OOM", err)
+	}
+	c := s.a9Run("c1", consumer.Config{Concurrency: 4})
+	eventually(t, 2*time.Minute, func() (bool, string) {
+		eff := countEvents(readLedger(t, s.ledger), "effect")
+		q := s.a9State("g")
+		return len(eff) == 200 && q.Dead == 100 && q.Pending == 0 && q.Delayed == 0,
+			fmt.Sprintf("%d jobs done, %v", len(eff), q)
+	})
+	led := readLedger(t, s.ledger)
+	a9CheckOnce(t, led, append(append([]string{}, ids[0:0]...), func() []string {
+		var out []string
+		for i, id := range ids {
+			if i%3 != 2 {
+				out = append(out, id)
+			}
+		}
+		return out
+	}()...))
+	fails := countEvents(led, "fail")
+	for i, id := range ids {
+		if i%3 == 1 && fails[id] != 3 {
+			t.Errorf("retried job %s failed %d times, want 3", id, fails[id])
+		}
+	}
+	dead := s.a9DeadByJob()
+	for i, id := range ids {
+		if i%3 == 2 && (len(dead[id]) != 1 || dead[id][0] != "permanent") {
+			t.Errorf("permanent job %s dead-lettered as %v", id, dead[id])
+		}
+	}
+	redistest.DeleteKeys(rdb, "filler:*")
+	fresh := s.a9Enqueue(a9Repeat(20, a9Job{})...)
+	eventually(t, time.Minute, func() (bool, string) {
+		missing := a9Missing(readLedger(t, s.ledger), "effect", fresh)
+		return len(missing) == 0, "fresh jobs without effect: " + a9Short(missing)
+	})
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
 }

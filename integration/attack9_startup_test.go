@@ -199,6 +199,15 @@ func TestAttack9_startup_unfixableErrors(t *testing.T) {
 			t.Errorf("Run returned %v, want the WRONGPASS error", err)
 		}
 	})
+	t.Run("unknownCommand", func(t *testing.T) {
+		srv2 := redistest.Start(t, redistest.Options{Args: []string{"--rename-command", "XGROUP", ""}})
+		rdb := srv2.Client(t)
+		_, done, _ := a9StartConsumer(t, rdb, redistest.Name(t), consumer.Config{})
+		err := a9Wait(t, done, 20*time.Second, "unknown command")
+		if err == nil || !strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+			t.Errorf("Run returned %v, want the unknown command error", err)
+		}
+	})
 	t.Run("closedClient", func(t *testing.T) {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 		rdb.Close()
