@@ -43,17 +43,35 @@ func a9Proxy(t *testing.T, target string) *faultproxy.Proxy {
 // after the partition heals it settles none of them, and each job has one
 // effect.
 func TestAttack9_lease_blackholeStopsBeforeTakeover(t *testing.T) {
+	for _, mode := range []string{"blackhole", "refuse", "noHeartbeat"} {
+		t.Run(mode, func(t *testing.T) { a9LeaseCutOff(t, mode) })
+	}
+}
+
+// a9LeaseCutOff: w1 runs six jobs and is cut off from Redis (blackhole:
+// a partition; refuse: connections reset) or runs them with its heartbeat
+// disabled; w2 takes them over after the visibility timeout.
+func a9LeaseCutOff(t *testing.T, mode string) {
 	s := newA9Scenario(t)
 	proxy := a9Proxy(t, s.addr)
 	release := filepath.Join(t.TempDir(), "release")
 	ids := s.a9Enqueue(a9Repeat(6, a9Job{WaitFile: release})...)
 	const vis = 4 * time.Second
-	w1 := s.a9Worker("w1", a9Config{Addr: proxy.Addr(), Visibility: vis})
+	cfg1 := a9Config{Addr: proxy.Addr(), Visibility: vis}
+	if mode == "noHeartbeat" {
+		cfg1.Heartbeat = -1
+	}
+	w1 := s.a9Worker("w1", cfg1)
 	eventually(t, time.Minute, func() (bool, string) {
 		missing := a9Missing(readLedger(t, s.ledger), "start", ids)
 		return len(missing) == 0, "not started on w1: " + a9Short(missing)
 	})
-	proxy.Blackhole()
+	switch mode {
+	case "blackhole":
+		proxy.Blackhole()
+	case "refuse":
+		proxy.Refuse()
+	}
 	w2 := s.a9Worker("w2", a9Config{Visibility: vis})
 	eventually(t, time.Minute, func() (bool, string) {
 		led := readLedger(t, s.ledger)
