@@ -180,7 +180,21 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	waitInterrupting(&loops, reader)
 	close(intakeDone)
 	abandoned := c.drain(drainCtx)
-	runner.Wait()
+	// The suspect runner returns once its suspect has; a suspect whose
+	// handler ignores its context is abandoned like any other job.
+	runnerDone := make(chan struct{})
+	go func() {
+		runner.Wait()
+		close(runnerDone)
+	}()
+	if len(abandoned) == 0 {
+		<-runnerDone
+	} else {
+		select {
+		case <-runnerDone:
+		case <-time.After(abandonGrace):
+		}
+	}
 	stopBeat()
 	close(stopAcks)
 	side.Wait()

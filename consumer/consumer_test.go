@@ -654,6 +654,11 @@ func TestConsumer_Malformed(t *testing.T) {
 	}
 }
 
+// crashKey returns the crash counter of job in the bundle's group.
+func (b *bundle) crashKey(job *stream.Job) string {
+	return b.keys.Crashes + b.cfg.Group + ":" + job.ID
+}
+
 // deliverTimes makes c1 the owner of entry id, delivered n times, as if
 // it had been running there when c1's process stopped n-1 times.
 func (b *bundle) deliverTimes(t *testing.T, id string, n int) {
@@ -680,7 +685,7 @@ func (b *bundle) deliverTimes(t *testing.T, id string, n int) {
 func TestConsumer_redeliveredJobRunsAsSuspect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	id, _ := b.enqueue(t, "innocent", 1)
+	id, job := b.enqueue(t, "innocent", 1)
 	b.deliverTimes(t, id, 11)
 	b.cfg.Consumer = "c1"
 	b.cfg.MaxCrashes = 2
@@ -691,7 +696,7 @@ func TestConsumer_redeliveredJobRunsAsSuspect(t *testing.T) {
 	}))
 	start(t, c)
 	waitFor(t, 5*time.Second, "the job acknowledged and its crash counter cleared", func() bool {
-		return len(b.pending(t)) == 0 && c.Stats().Acked == 1 && !b.m.Exists(b.keys.Crashes+id)
+		return len(b.pending(t)) == 0 && c.Stats().Acked == 1 && !b.m.Exists(b.crashKey(job))
 	})
 	if n := runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
@@ -702,8 +707,8 @@ func TestConsumer_redeliveredJobRunsAsSuspect(t *testing.T) {
 	if s := c.Stats(); s.Suspects != 1 || s.Acked != 1 {
 		t.Errorf("stats = %+v; want 1 suspect, 1 acked", s)
 	}
-	if b.m.Exists(b.keys.Crashes + id) {
-		t.Errorf("crash counter %s kept after the job settled", b.keys.Crashes+id)
+	if b.m.Exists(b.crashKey(job)) {
+		t.Errorf("crash counter %s kept after the job settled", b.crashKey(job))
 	}
 }
 
@@ -712,9 +717,9 @@ func TestConsumer_redeliveredJobRunsAsSuspect(t *testing.T) {
 func TestConsumer_MaxCrashes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	id, _ := b.enqueue(t, "crasher", 1)
+	id, job := b.enqueue(t, "crasher", 1)
 	b.deliverTimes(t, id, 4)
-	if err := b.rdb.Set(context.Background(), b.keys.Crashes+id, 3, time.Hour).Err(); err != nil {
+	if err := b.rdb.Set(context.Background(), b.crashKey(job), 3, time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	b.cfg.Consumer = "c1"
@@ -742,14 +747,16 @@ func TestConsumer_suspectsRunAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var suspects []string
+	var suspectJobs []*stream.Job
 	for i := range 3 {
-		id, _ := b.enqueue(t, "suspect", i)
+		id, job := b.enqueue(t, "suspect", i)
 		suspects = append(suspects, id)
+		suspectJobs = append(suspectJobs, job)
 	}
-	for _, id := range suspects {
+	for i, id := range suspects {
 		b.deliverTimes(t, id, 2)
 		// A counted run already: the next one is alone.
-		if err := b.rdb.Set(context.Background(), b.keys.Crashes+id, 1, time.Hour).Err(); err != nil {
+		if err := b.rdb.Set(context.Background(), b.crashKey(suspectJobs[i]), 1, time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -218,7 +218,7 @@ func (c *Consumer) logDone(ids []string, stale []string) {
 }
 
 // settleError settles a job whose handler returned err.
-func (c *Consumer) settleError(ctx context.Context, job *stream.Job, d delivery, err error) {
+func (c *Consumer) settleError(ctx context.Context, job *stream.Job, d delivery, err error) (rescheduled bool) {
 	var (
 		o  *Outcome
 		p  *PanicError
@@ -228,16 +228,17 @@ func (c *Consumer) settleError(ctx context.Context, job *stream.Job, d delivery,
 	case errors.As(err, &o) && o.IsDead():
 		c.settleDead(ctx, d.id, d.fields, o.Reason(), o.Unwrap(), job.Attempt+1, job)
 	case errors.As(err, &o):
-		c.settleRetry(ctx, job, d, o.Delay(), o.CountsAttempt(), o.Unwrap())
+		return c.settleRetry(ctx, job, d, o.Delay(), o.CountsAttempt(), o.Unwrap())
 	case errors.As(err, &p):
 		c.settleDead(ctx, d.id, d.fields, ReasonPanic, err, job.Attempt+1, job)
 	case errors.As(err, &ce) && ce.Permanent, errors.Is(err, stream.ErrPayload):
 		c.settleDead(ctx, d.id, d.fields, ReasonPermanent, err, job.Attempt+1, job)
 	case errors.As(err, &ce) && ce.After > 0:
-		c.settleRetry(ctx, job, d, ce.After, true, err)
+		return c.settleRetry(ctx, job, d, ce.After, true, err)
 	default:
-		c.settleRetry(ctx, job, d, backoffDelay, true, err)
+		return c.settleRetry(ctx, job, d, backoffDelay, true, err)
 	}
+	return false
 }
 
 // backoffDelay asks settleRetry for Config.RetryBackoff's delay, computed
@@ -245,9 +246,13 @@ func (c *Consumer) settleError(ctx context.Context, job *stream.Job, d delivery,
 const backoffDelay time.Duration = -1
 
 // settleRetry schedules the job's next attempt after delay, or
-// dead-letters it when the attempt would exceed its maximum.
-func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delivery, delay time.Duration, count bool, err error) {
+// dead-letters it when the attempt would exceed its maximum; it reports
+// whether it rescheduled the job. A suspect's next entry stays a suspect.
+func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delivery, delay time.Duration, count bool, err error) bool {
 	next := *job
+	if t := taskOf(jobCtx); t != nil && t.suspect {
+		next.Suspect = true
+	}
 	if count {
 		next.Attempt++
 		maxAttempts := job.MaxAttempts
@@ -256,7 +261,7 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 		}
 		if next.Attempt >= maxAttempts {
 			c.settleDead(jobCtx, d.id, d.fields, ReasonExhausted, ExhaustedError(next.Attempt, maxAttempts, err), next.Attempt, job)
-			return
+			return false
 		}
 		next.LastError, next.ErrorHistory = withError(job, c.errorText(job, errText(err)))
 		if next.FirstFailedAt.IsZero() {
@@ -318,6 +323,7 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job failed; retry scheduled",
 			append(c.jobAttrs(d.id, job, ran, kind, errText(err)), slog.Int64("delay_ms", delay.Milliseconds()))...)
 	}
+	return true
 }
 
 // settleDead dead-letters entry id. job is nil for an entry that did not

@@ -2,12 +2,15 @@ package consumer
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/pelicanqueue/pelican/stream"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -173,7 +176,7 @@ func (c *Consumer) runSuspect(r suspectRun, mode string) bool {
 		c.endTask(r.t)
 		return true
 	}
-	key := c.r.keys.Crashes + r.d.id
+	key := c.crashKey(r.d)
 	ctx, cancel := c.settleContext()
 	res, err := suspectScript.Run(ctx, c.rdb, []string{c.r.Stream, key},
 		c.r.Group, c.r.Consumer, r.d.id, c.r.MaxCrashes, crashCounterTTL.Milliseconds(), mode).Result()
@@ -199,27 +202,60 @@ func (c *Consumer) runSuspect(r suspectRun, mode string) bool {
 	case 2:
 		return false
 	case 0:
-		c.work(r.ctx, r.t, r.d, fmt.Sprintf(
+		end := c.work(r.ctx, r.t, r.d, fmt.Sprintf(
 			"its worker stopped (crashed, was killed, or stalled past the visibility timeout) while running it, %d times; not run again (delivered %d times)",
 			runs, r.d.deliveries))
+		if end == endSettled {
+			c.clearCrashes(key, true)
+		}
 		return true
 	}
 	c.stats.suspects.Add(1)
 	end := c.work(r.ctx, r.t, r.d, "")
 	// The run ended without a crash: it is not held against the job (a
-	// lost lease is: the job's worker stalled or was cut off).
-	ctx, cancel = c.settleContext()
-	defer cancel()
+	// lost lease is: the job's worker stalled or was cut off). A job done or
+	// dead-lettered needs its count no more; one rescheduled keeps it, and
+	// its next entry is a suspect too, so that a job that crashes only on
+	// the runs after a snooze (its own crashed run's lock or idempotency
+	// record made it snooze) is still caught.
 	switch end {
 	case endSettled:
+		c.clearCrashes(key, true)
+	case endRescheduled, endShutdown:
+		c.clearCrashes(key, false)
+	}
+	return true
+}
+
+// crashKey returns the crash counter of delivery d's job: per group, per
+// job ID (kept by retries and snoozes, which write new entries; the entry
+// ID when the job has none), hashed when a producer chose a long one.
+func (c *Consumer) crashKey(d delivery) string {
+	id, _ := d.fields[stream.FieldJobID].(string)
+	if id == "" {
+		id = d.id
+	}
+	if len(id) > 128 {
+		sum := sha256.Sum256([]byte(id))
+		id = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return c.r.keys.Crashes + c.r.Group + ":" + id
+}
+
+// clearCrashes deletes a job's crash counter (all), or takes back the count
+// of the run that just ended without a crash.
+func (c *Consumer) clearCrashes(key string, all bool) {
+	ctx, cancel := c.settleContext()
+	defer cancel()
+	var err error
+	if all {
 		err = c.rdb.Del(ctx, key).Err()
-	case endShutdown:
+	} else {
 		err = c.rdb.Decr(ctx, key).Err()
 	}
 	if err != nil {
-		c.errLog.error("clearing the crash counter of a settled job failed", err, anys(c.entryAttrs(r.d.id, "", ""))...)
+		c.errLog.error("updating the crash counter of a job failed", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
 	}
-	return true
 }
 
 // abandonSuspect gives suspect r back to the group without running it.

@@ -57,7 +57,10 @@ func (c *Consumer) dispatch(d delivery) {
 		c.release(1)
 		return
 	}
-	t := &task{id: d.id, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: d.deliveries > 1}
+	// A job delivered again, or rescheduled by a suspect's run, is a
+	// suspect (see suspect.go).
+	suspect := d.deliveries > 1 || d.fields[stream.FieldSuspect] == "1"
+	t := &task{id: d.id, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: suspect}
 	ctx, cancel := context.WithCancelCause(context.WithValue(c.base, jobKey{}, t))
 	t.cancel = cancel
 	c.mu.Lock()
@@ -103,9 +106,10 @@ func (c *Consumer) decode(d delivery) (job *stream.Job, reason, deadError string
 type runEnd int
 
 const (
-	endSettled   runEnd = iota // settled, or the settlement was attempted
-	endShutdown                // given back at shutdown
-	endLeaseLost               // lost to another consumer
+	endSettled     runEnd = iota // done or dead-lettered (or the settlement was attempted)
+	endRescheduled               // retried or snoozed: the job comes back as a new entry
+	endShutdown                  // given back at shutdown
+	endLeaseLost                 // lost to another consumer
 )
 
 // work runs the job of d and settles it. crashed, when not empty, is the
@@ -161,9 +165,14 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 			c.jobAttrs(t.id, job, t.ran, errKindLeaseLost, errText(err))...)
 		return endLeaseLost
 	case err == nil && t.suspect:
-		// A suspect is acknowledged before the next one starts.
-		forget = false
-		c.flushAcks([]ackItem{{id: t.id}})
+		// A suspect is acknowledged before the next one starts (not once
+		// Run has returned: it then stays pending, as Run said).
+		select {
+		case <-c.ackDone:
+		default:
+			forget = false
+			c.flushAcks([]ackItem{{id: t.id}})
+		}
 	case err == nil:
 		// The job stays in the in-flight set until the ack loop has
 		// acknowledged it, so that this consumer's own sweep cannot start
@@ -173,7 +182,9 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		c.giveBack([]string{t.id})
 		return endShutdown
 	default:
-		c.settleError(ctx, job, d, err)
+		if c.settleError(ctx, job, d, err) {
+			return endRescheduled
+		}
 	}
 	return endSettled
 }

@@ -83,9 +83,9 @@ func TestAttack9_replay_throughIdempotency(t *testing.T) {
 	s := newA9Scenario(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t, s.rdb) + "idem:"
-	store := idem.NewRedisStore(s.rdb, idem.RedisConfig{Prefix: prefix})
+	store := idem.NewRedisStore(s.rdb, idem.RedisConfig{})
 	mws := []consumer.Middleware{
-		middleware.Idempotency(store, middleware.IdempotencyConfig{Lease: 5 * time.Second, InProgressDelay: 50 * time.Millisecond, Logger: quietA9()}),
+		middleware.Idempotency(store, middleware.IdempotencyConfig{Prefix: prefix, Lease: 5 * time.Second, InProgressDelay: 50 * time.Millisecond, Logger: quietA9()}),
 		middleware.Retry(middleware.RetryConfig{MaxAttempts: 2, Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}),
 	}
 	key := func(n string) string { return s.stream + ":" + n }
@@ -237,9 +237,9 @@ func TestAttack9_replay_forgetKeepsCompleted(t *testing.T) {
 	s := newA9Scenario(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t, s.rdb) + "idem:"
-	store := idem.NewRedisStore(s.rdb, idem.RedisConfig{Prefix: prefix})
+	store := idem.NewRedisStore(s.rdb, idem.RedisConfig{})
 	mws := []consumer.Middleware{
-		middleware.Idempotency(store, middleware.IdempotencyConfig{Lease: 5 * time.Second, InProgressDelay: 50 * time.Millisecond, Logger: quietA9()}),
+		middleware.Idempotency(store, middleware.IdempotencyConfig{Prefix: prefix, Lease: 5 * time.Second, InProgressDelay: 50 * time.Millisecond, Logger: quietA9()}),
 		middleware.Retry(middleware.RetryConfig{MaxAttempts: 2, Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}),
 	}
 	p := stream.NewProducer(s.rdb, stream.ProducerConfig{Stream: s.stream})
@@ -271,7 +271,7 @@ func TestAttack9_replay_forgetKeepsCompleted(t *testing.T) {
 	if n := countEvents(readLedger(t, s.ledger), "start")[dying.ID] - before; n != 0 {
 		t.Errorf("the replayed job ran %d times although its operation had completed", n)
 	}
-	o, err := store.Begin(ctx, key, "probe", time.Second)
+	o, err := store.Begin(ctx, prefix+key, "probe", time.Second)
 	if err != nil || o.Status != idem.StatusCompleted {
 		t.Errorf("record after the replay: %+v %v, want completed", o, err)
 	}

@@ -25,7 +25,6 @@ import (
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/internal/redistest"
-	"github.com/pelicanqueue/pelican/lockx"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/stream"
 	"github.com/redis/go-redis/v9"
@@ -199,14 +198,13 @@ func a9WorkerMain() int {
 		Logger:            logger,
 	})
 	if cfg.Lock {
-		locker := lockx.New(rdb, lockx.Config{Prefix: cfg.IdemPrefix + "lock:"})
-		c.Use(middleware.Lock(locker, middleware.LockConfig{TTL: cfg.LockTTL, ConflictDelay: 100 * time.Millisecond,
+		c.Use(middleware.Lock(rdb, middleware.LockConfig{Prefix: cfg.IdemPrefix + "lock:", TTL: cfg.LockTTL, ConflictDelay: 100 * time.Millisecond,
 			Key: func(j *stream.Job) string { return "job-" + j.ID }}))
 	}
 	if cfg.Idem {
-		store := idem.NewRedisStore(rdb, idem.RedisConfig{Prefix: cfg.IdemPrefix})
+		store := idem.NewRedisStore(rdb, idem.RedisConfig{})
 		c.Use(
-			middleware.Idempotency(store, middleware.IdempotencyConfig{Lease: cfg.IdemLease, InProgressDelay: 100 * time.Millisecond, Logger: logger}),
+			middleware.Idempotency(store, middleware.IdempotencyConfig{Prefix: cfg.IdemPrefix, Lease: cfg.IdemLease, InProgressDelay: 100 * time.Millisecond, Logger: logger}),
 			middleware.Retry(middleware.RetryConfig{MaxAttempts: cfg.MaxAttempts, Backoff: middleware.Backoff{Base: 20 * time.Millisecond, Cap: 50 * time.Millisecond}}),
 		)
 	}

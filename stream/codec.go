@@ -19,7 +19,7 @@ import (
 const MaxFields = 1000
 
 // ownFields is the number of the wire format's own fields.
-const ownFields = 15
+const ownFields = 16
 
 // DefaultMaxEntryBytes is the largest entry, counting the bytes of all field
 // names and values, that [Decode] accepts.
@@ -81,6 +81,9 @@ func Encode(j *Job) []any {
 	if !j.FirstFailedAt.IsZero() {
 		f = append(f, FieldFirstFailedAt, strconv.FormatInt(j.FirstFailedAt.UnixMilli(), 10))
 	}
+	if j.Suspect {
+		f = append(f, FieldSuspect, "1")
+	}
 	for _, k := range sortedKeys(j.Headers) {
 		f = append(f, HeaderPrefix+k, j.Headers[k])
 	}
@@ -102,7 +105,7 @@ func isFormatField(name string) bool {
 	case FieldVersion, FieldType, FieldPayload, FieldJobID, FieldIdempotencyKey,
 		FieldAttempt, FieldMaxAttempts, FieldCreatedAt, FieldLockKey,
 		FieldContentType, FieldTraceParent, FieldTraceState, FieldLastError,
-		FieldErrorHistory, FieldFirstFailedAt:
+		FieldErrorHistory, FieldFirstFailedAt, FieldSuspect:
 		return true
 	}
 	h, ok := strings.CutPrefix(name, HeaderPrefix)
@@ -208,6 +211,8 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 			if ms, err = nonNegative(v); err == nil && ms > 0 {
 				j.FirstFailedAt = time.UnixMilli(int64(ms))
 			}
+		case FieldSuspect:
+			j.Suspect = v == "1"
 		default:
 			if h, ok := strings.CutPrefix(name, HeaderPrefix); ok && h != "" {
 				if j.Headers == nil {

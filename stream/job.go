@@ -25,6 +25,7 @@ const (
 	FieldLastError      = "last_error"
 	FieldErrorHistory   = "error_history"
 	FieldFirstFailedAt  = "first_failed_at"
+	FieldSuspect        = "suspect"
 	// HeaderPrefix starts the name of every user header field: h.<name>.
 	HeaderPrefix = "h."
 )
@@ -74,6 +75,11 @@ type Job struct {
 	ErrorHistory []string
 	// FirstFailedAt is when the job's first attempt failed, set on retries.
 	FirstFailedAt time.Time
+	// Suspect is set by the consumer on a job rescheduled after a run that
+	// followed a crash of its worker: its next runs are counted as a
+	// suspect's (see consumer.Config.MaxCrashes), although it comes back as
+	// a new entry. Producers leave it unset.
+	Suspect bool
 	// Headers are the user headers (h.<name> fields), without the prefix.
 	Headers map[string]string
 	// Extra holds the fields this version of the format does not know. They

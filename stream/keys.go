@@ -15,8 +15,9 @@ type Keys struct {
 	// Delayed is the sorted set of jobs waiting for a later attempt.
 	Delayed string
 	// Crashes is the prefix of the crash counters of redelivered jobs (see
-	// consumer.Config.MaxCrashes): Crashes + entry ID is a string key with a
-	// time to live.
+	// consumer.Config.MaxCrashes): Crashes + group + ":" + job ID (the entry
+	// ID when the job has none; a SHA-256 when the ID is over 128 bytes) is a
+	// string key with a time to live.
 	Crashes string
 	// Idem is the prefix of the queue's idempotency records, the default of
 	// middleware.IdempotencyConfig.Prefix: the record of idempotency key k
@@ -49,7 +50,7 @@ type Keys struct {
 //
 //	{orders}:dlq            dead-letter stream
 //	{orders}:delayed        jobs waiting for a later attempt
-//	{orders}:crashes:<id>   crash counters of redelivered jobs
+//	{orders}:crashes:<group>:<job id>   crash counters of redelivered jobs
 //	{orders}:idem:<key>     idempotency records
 //	{orders}:lock:{<key>}   locks, and their fencing counters (…:fence)
 //	{orders}:rate:<key>     rate limits
