@@ -69,13 +69,15 @@ type Config struct {
 	// [DefaultIdleConsumerTimeout].
 	IdleConsumerTimeout time.Duration
 	// KeepSettled keeps settled entries in the stream. By default a
-	// consumer deletes an entry (XDEL) once it has settled it (acknowledged,
-	// rescheduled as a new entry, or dead-lettered) and every other group of
-	// the stream has read it and holds it no longer, so the stream holds
-	// only unsettled work and memory stays flat without any trimming; a
-	// long-running job holds only its own entry. Set KeepSettled to keep
-	// them (to trim them yourself: stream.TrimAcked, XTRIM). Defaults to
-	// false.
+	// consumer deletes the entries it has settled (acknowledged, rescheduled
+	// as a new entry, or dead-lettered) once every other group of the stream
+	// has read them and holds them no longer: an approximate MINID trim
+	// below the oldest entry any group still needs, and XDEL of settled
+	// entries once more than about 1,000 of them pile up above it. So the
+	// stream holds mostly unsettled work and memory stays flat without any
+	// trimming; a long-running job holds its own entry and at most about
+	// 1,000 settled ones. Set KeepSettled to keep them (to trim them
+	// yourself: stream.TrimAcked, XTRIM). Defaults to false.
 	KeepSettled bool
 	// Logger receives the consumer's logs. A successful job is logged only at
 	// Debug ("job done"), failures at Warn (retry scheduled, lease lost, stale

@@ -43,6 +43,7 @@ func a9Proxy(t *testing.T, target string) *faultproxy.Proxy {
 // after the partition heals it settles none of them, and each job has one
 // effect.
 func TestAttack9_lease_blackholeStopsBeforeTakeover(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"blackhole", "refuse", "noHeartbeat"} {
 		t.Run(mode, func(t *testing.T) { a9LeaseCutOff(t, mode) })
 	}
@@ -123,6 +124,7 @@ func a9LeaseCutOff(t *testing.T, mode string) {
 // resumes, its handlers see their lease lost and never make their effect,
 // and each job runs once on the worker that took it over.
 func TestAttack9_lease_stalledWorkerCancelsOnResume(t *testing.T) {
+	t.Parallel()
 	s := newA9Scenario(t)
 	release := filepath.Join(t.TempDir(), "release")
 	ids := s.a9Enqueue(a9Repeat(6, a9Job{WaitFile: release})...)
@@ -179,6 +181,7 @@ func TestAttack9_lease_stalledWorkerCancelsOnResume(t *testing.T) {
 // delivered to w1 (it owns it in the group), but w1 gets the reply only
 // after w2 has taken the job over and finished it. w1 must not start it.
 func TestAttack9_lease_heldBackReplyNotStarted(t *testing.T) {
+	t.Parallel()
 	s := newA9Scenario(t)
 	ctx := context.Background()
 	proxy := a9Proxy(t, s.addr)

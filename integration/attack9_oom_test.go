@@ -17,6 +17,7 @@ import (
 // memory frees, enqueueing works again once the backlog drains, and nothing
 // is lost.
 func TestAttack9_oom_drainWithCrashWhileFull(t *testing.T) {
+	t.Parallel()
 	a9OOMRun(t, false)
 }
 
@@ -24,6 +25,7 @@ func TestAttack9_oom_drainWithCrashWhileFull(t *testing.T) {
 // restart with suspects of their own, which cannot be counted until memory
 // frees.
 func TestAttack9_oom_allWorkersCrashWhileFull(t *testing.T) {
+	t.Parallel()
 	a9OOMRun(t, true)
 }
 
@@ -216,6 +218,7 @@ func mustJob(t testing.TB, v any) *stream.Job {
 // stream into the delayed set and back), dead letters are written, every
 // job ends once, and enqueueing works again once the filler is gone.
 func TestAttack9_oom_fullOfOtherData(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory", "8mb", "--maxmemory-policy", "noeviction"}})
 	rdb := srv.Client(t)
 	s := newScenario(t, rdb, srv.Addr())

@@ -80,6 +80,7 @@ func a9IdemJob(t *testing.T, b a9Job, key string) *stream.Job {
 }
 
 func TestAttack9_replay_throughIdempotency(t *testing.T) {
+	t.Parallel()
 	s := newA9Scenario(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t, s.rdb) + "idem:"
@@ -184,6 +185,7 @@ func TestAttack9_replay_throughIdempotency(t *testing.T) {
 // idempotency middleware in the chain, so its processing record was left to
 // its lease) runs again after a fix and a replay, once.
 func TestAttack9_replay_crashedThroughIdempotency(t *testing.T) {
+	t.Parallel()
 	s := newA9Scenario(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t, s.rdb) + "idem:"
@@ -234,6 +236,7 @@ func TestAttack9_replay_crashedThroughIdempotency(t *testing.T) {
 // exhausted and whose operation another job of its key then completed is
 // replayed with the flag, and is acknowledged without running.
 func TestAttack9_replay_forgetKeepsCompleted(t *testing.T) {
+	t.Parallel()
 	s := newA9Scenario(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t, s.rdb) + "idem:"

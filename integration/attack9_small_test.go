@@ -71,6 +71,7 @@ func a9Consume(t *testing.T, s *scenario, cfg consumer.Config, h consumer.Handle
 // Snoozes are counted in Stats.Snoozed, not Stats.Retried, and keep the
 // job's attempt; retries are counted in Stats.Retried and increment it.
 func TestAttack9_small_snoozedVsRetried(t *testing.T) {
+	t.Parallel()
 	for _, withRetryMW := range []bool{false, true} {
 		t.Run(fmt.Sprintf("retryMiddleware=%v", withRetryMW), func(t *testing.T) {
 			s := newA9Scenario(t)
@@ -135,6 +136,7 @@ func TestAttack9_small_snoozedVsRetried(t *testing.T) {
 // A dead letter carries the final error in last_error and error_history
 // (the latest 5), as a retry would, with dead_error the exhausted text.
 func TestAttack9_small_deadLetterFinalError(t *testing.T) {
+	t.Parallel()
 	for _, withRetryMW := range []bool{false, true} {
 		t.Run(fmt.Sprintf("retryMiddleware=%v", withRetryMW), func(t *testing.T) {
 			s := newA9Scenario(t)
@@ -233,6 +235,7 @@ func TestAttack9_small_deadLetterFinalError(t *testing.T) {
 // DeadLetterMaxLen bounds the dead-letter stream exactly, with concurrent
 // consumers, and every entry trimmed is counted in Stats.DeadTrimmed.
 func TestAttack9_small_deadLetterMaxLenExact(t *testing.T) {
+	t.Parallel()
 	for _, max := range []int64{1, 3, 7} {
 		t.Run(fmt.Sprint(max), func(t *testing.T) {
 			s := newA9Scenario(t)
@@ -266,6 +269,7 @@ func TestAttack9_small_deadLetterMaxLenExact(t *testing.T) {
 // nor as a dead-letter stream exits 4; on a stream that exists, or whose
 // dead-letter stream exists, they do not.
 func TestAttack9_small_cliMissingStreamExit4(t *testing.T) {
+	t.Parallel()
 	s := newA9Scenario(t)
 	ctx := context.Background()
 	missing := s.stream + ":nosuch"

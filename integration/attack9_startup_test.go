@@ -62,6 +62,7 @@ func a9Wait(t *testing.T, done chan error, d time.Duration, what string) error {
 
 // A consumer started before its Redis starts processing once Redis comes up.
 func TestAttack9_startup_waitsForRedis(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	srv.Shutdown()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -93,6 +94,7 @@ func TestAttack9_startup_waitsForRedis(t *testing.T) {
 // returns nil: with Redis refusing connections, and with Redis frozen
 // (SIGSTOP) while the client's timeouts are far longer than the deadline.
 func TestAttack9_startup_shutdownWhileWaiting(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"refused/shutdown", "refused/cancel", "frozen/shutdown", "frozen/cancel"} {
 		t.Run(mode, func(t *testing.T) {
 			srv := redistest.Start(t, redistest.Options{})
@@ -139,6 +141,7 @@ func TestAttack9_startup_shutdownWhileWaiting(t *testing.T) {
 // StartTimeout bounds the wait (Run returns the last error); a negative
 // value fails fast.
 func TestAttack9_startup_startTimeout(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	srv.Shutdown()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -166,6 +169,7 @@ func TestAttack9_startup_startTimeout(t *testing.T) {
 // says (0: no limit): the stream key holds another type (WRONGTYPE), or the
 // user may not run the commands (NOPERM).
 func TestAttack9_startup_unfixableErrors(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	admin := srv.Client(t)
 	ctx := context.Background()
@@ -221,6 +225,7 @@ func TestAttack9_startup_unfixableErrors(t *testing.T) {
 // OOM at start is waited out: a new queue's group cannot be created while
 // Redis is full; once memory frees, the consumer starts and runs jobs.
 func TestAttack9_startup_oomWaits(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory", "5mb", "--maxmemory-policy", "noeviction"}})
 	rdb := srv.Client(t)
 	ctx := context.Background()
@@ -260,6 +265,7 @@ func TestAttack9_startup_oomWaits(t *testing.T) {
 // Shutdown called before Run: Run stops as soon as it has started and
 // returns nil, even with Redis down.
 func TestAttack9_startup_shutdownBeforeRun(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	srv.Shutdown()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})

@@ -20,6 +20,10 @@ var trimScript = redis.NewScript(trimLua)
 // removed. It is the safe retention policy: run it periodically instead of
 // [ProducerConfig.MaxLen].
 //
+// The horizon is MINID, which keeps the entry it names: the last entry every
+// group has read stays even when all have acknowledged it (consumers delete
+// settled entries themselves; see consumer.Config.KeepSettled).
+//
 // The decision and the trim run in one script, so a group cannot read or
 // claim entries in between. A stream without consumer groups is left alone:
 // nothing has read it yet.

@@ -464,8 +464,8 @@ func TestCallTimer(t *testing.T) {
 		t.Fatalf("pipelined BLPOP: %v, want a timeout (redis.Nil)", err)
 	}
 	// At most: a new connection's handshake may be counted twice (inside
-	// the call that dials it).
-	if got, most := ct.Total(), time.Since(start)+50*time.Millisecond; got < 2*time.Second || got > most {
+	// the call that dials it), and a loaded machine may stretch it.
+	if got, most := ct.Total(), time.Since(start)+500*time.Millisecond; got < 2*time.Second || got > most {
 		t.Errorf("Total %v after two 1 s BLPOPs in %v; want at least 2 s and at most that", got, most)
 	}
 }
