@@ -44,7 +44,11 @@ func a9Proxy(t *testing.T, target string) *faultproxy.Proxy {
 // effect.
 func TestAttack9_lease_blackholeStopsBeforeTakeover(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"blackhole", "refuse", "noHeartbeat"} {
+	// Without a heartbeat (not cut off) w1 competes with w2 for the jobs
+	// whose leases end, and runs counted as crashes run one at a time: "all
+	// taken over by w2" does not follow; TestCrash_longHandler/noHeartbeat
+	// covers that mode.
+	for _, mode := range []string{"blackhole", "refuse"} {
 		t.Run(mode, func(t *testing.T) { a9LeaseCutOff(t, mode) })
 	}
 }
