@@ -356,12 +356,10 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 		}
 	}
 	mode := "copy"
-	if oversize(fields, c.r.MaxEntryBytes) {
-		// Recorded cut short, from what the consumer read: copying it whole
-		// would hold several copies of it in Redis at once.
-		var size int
-		fields, size = cutShort(fields)
-		mode = "record:" + strconv.Itoa(size)
+	if de := (*stream.DecodeError)(nil); errors.As(cause, &de) && de.Size > 0 {
+		// Over the size limit: recorded cut short, from what the consumer
+		// read; copying it whole would hold several copies of it in Redis.
+		mode, fields = "record:"+strconv.Itoa(de.Size), cutShort(fields)
 	}
 	args := make([]any, 0, 9+2*len(set))
 	args = append(args, c.r.Group, c.r.Consumer, id, reason, stored, attempts, c.r.DeadLetterMaxLen, mode, 2*len(set))
@@ -412,34 +410,17 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 // oversize entry keeps.
 const cutShortBytes = 1024
 
-// oversize reports whether an entry's field names and values add up to more
-// than maxBytes (0: no limit).
-func oversize(fields map[string]any, maxBytes int) bool {
-	if maxBytes <= 0 {
-		return false
-	}
-	size := 0
+// cutShort returns fields with each value cut to cutShortBytes.
+func cutShort(fields map[string]any) map[string]any {
+	out := make(map[string]any, len(fields))
 	for k, v := range fields {
 		s, _ := v.(string)
-		size += len(k) + len(s)
-	}
-	return size > maxBytes
-}
-
-// cutShort returns fields with each value cut to cutShortBytes, and the
-// entry's size in bytes.
-func cutShort(fields map[string]any) (map[string]any, int) {
-	out := make(map[string]any, len(fields)+1)
-	size := 0
-	for k, v := range fields {
-		s, _ := v.(string)
-		size += len(k) + len(s)
 		if len(s) > cutShortBytes {
 			s = s[:cutShortBytes]
 		}
 		out[k] = s
 	}
-	return out, size
+	return out
 }
 
 // appendFields appends fields' names and values to args, in name order.

@@ -92,14 +92,14 @@ func (c *Consumer) dispatch(d delivery) {
 
 // decode returns d's job, or the dead-letter reason and error of an entry
 // that must not reach the handler.
-func (c *Consumer) decode(d delivery) (job *stream.Job, reason, deadError string) {
+func (c *Consumer) decode(d delivery) (job *stream.Job, reason string, deadError error) {
 	job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes)
 	if err != nil {
-		return nil, ReasonMalformed, err.Error()
+		return nil, ReasonMalformed, err
 	}
 	job.Stream = c.r.Stream
 	job.Deliveries = d.deliveries
-	return job, "", ""
+	return job, "", nil
 }
 
 // runEnd is how a job's run ended.
@@ -120,7 +120,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 	defer t.cancel(nil)
 	job, reason, deadError := c.decode(d)
 	if crashed != "" && reason == "" {
-		reason, deadError = ReasonCrashed, crashed
+		reason, deadError = ReasonCrashed, errors.New(crashed)
 	}
 	c.mu.Lock()
 	t.job = job
@@ -134,7 +134,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		if job != nil {
 			attempts = job.Attempt + 1
 		}
-		c.settleDead(ctx, d.id, d.fields, reason, errors.New(deadError), attempts, job)
+		c.settleDead(ctx, d.id, d.fields, reason, deadError, attempts, job)
 		c.mu.Lock()
 		delete(c.inflight, t.id)
 		c.mu.Unlock()

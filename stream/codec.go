@@ -35,6 +35,9 @@ type DecodeError struct {
 	Field string
 	// Reason says what is wrong with it.
 	Reason string
+	// Size is the entry's size in bytes (field names and values) when it is
+	// over the size limit, and 0 otherwise.
+	Size int
 }
 
 // Error implements error.
@@ -231,7 +234,8 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 		}
 	}
 	if maxBytes > 0 && size > maxBytes {
-		return fail(biggest, "entry is %d bytes, over the limit of %d", size, maxBytes)
+		err := &DecodeError{EntryID: id, Field: biggest, Reason: fmt.Sprintf("entry is %d bytes, over the limit of %d", size, maxBytes), Size: size}
+		return nil, err
 	}
 	if n := len(j.Headers) + len(j.Extra); n > MaxFields {
 		return fail("", "entry has %d fields, over the limit of %d besides the format's own", n, MaxFields)
