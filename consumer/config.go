@@ -1,9 +1,9 @@
 package consumer
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -29,6 +29,13 @@ const (
 
 // Config configures a [Consumer]. Zero values mean the defaults.
 type Config struct {
+	// Backoff is the delay before the next attempt of a job whose attempt
+	// failed without a delay of its own (a plain error, [Retryable], a panic
+	// under [PanicRetry]); the retry middleware's per-type entries are
+	// Backoffs too, with the same defaults. Defaults to the zero Backoff: 1s
+	// doubling per attempt, capped at one hour ([DefaultBackoffCap]), equal
+	// jitter.
+	Backoff Backoff
 	// Block is how long one XREADGROUP waits for new entries. Shutdown waits
 	// for a blocked read to return unless the client has
 	// ContextTimeoutEnabled, and the lease of a job delivered by a blocked
@@ -101,7 +108,10 @@ type Config struct {
 	Logger *slog.Logger
 	// MaxAttempts is the number of attempts of a job that keeps failing,
 	// unless the job's max_attempts field says otherwise; then it is
-	// dead-lettered with reason "exhausted". Defaults to [DefaultMaxAttempts].
+	// dead-lettered with reason "exhausted". It is the one setting of the
+	// limit: the consumer fills each job's AttemptLimit from it (or from
+	// max_attempts), where middleware reads it. Defaults to
+	// [DefaultMaxAttempts].
 	MaxAttempts int
 	// MaxCrashes is how many times a job may be running when its worker
 	// stops without settling it (a crash, a kill, running out of memory, a
@@ -123,21 +133,37 @@ type Config struct {
 	// MaxRuntime cancels a handler's context after this long. Defaults to 0:
 	// no limit.
 	MaxRuntime time.Duration
+	// OnDeadLetter, if set, is called after a job was written to the
+	// dead-letter stream, whoever decided its death (the handler, the retry
+	// middleware on the last attempt, the consumer for a malformed or
+	// crashed entry), with d.DeadEntryID set: for alerting. ctx carries the
+	// job's context values but is not cancelled with it. It runs in the
+	// job's worker slot: keep it short, or hand the work off. Defaults to
+	// nil.
+	OnDeadLetter func(ctx context.Context, d DeadLetter)
+	// Panic is what a handler's panic does to its job. The consumer
+	// recovers panics where handlers run (the middleware need not).
+	// Defaults to [PanicDeadLetter].
+	Panic PanicPolicy
 	// PromoteInterval is how often due jobs move from the delayed set back to
 	// the stream. Defaults to [DefaultPromoteInterval].
 	PromoteInterval time.Duration
+	// RedactDeadLetter, if set, returns field values that replace the job's
+	// own in its dead-letter copy, such as {"payload": "<redacted>"},
+	// whoever decided its death (as for OnDeadLetter); fields the entry
+	// does not have are ignored, and the source entry is left as it is. job
+	// is nil for an entry that did not decode (its raw fields are then
+	// copied as they are). It must not block. Defaults to nil: the copy
+	// holds the raw fields.
+	RedactDeadLetter func(job *stream.Job) map[string]string
 	// RedactError, when set, rewrites the text of a job's error before
 	// Pelican stores it (dead_error, last_error, error_history, the Error
 	// of DeadLetter) or logs it, so that a handler error or panic value
 	// that quotes the payload ("invalid card %s") does not leak it:
-	// field redaction (middleware.DeadLetterConfig.Redact) cannot reach
+	// field redaction (RedactDeadLetter) cannot reach
 	// these texts. job is nil for an entry that did not decode. Texts are
 	// bounded to 4 KiB after it. Defaults to nil: texts as they are.
 	RedactError func(job *stream.Job, text string) string
-	// RetryBackoff returns the delay before the next attempt of a job whose
-	// handler returned a plain error after attempt earlier attempts.
-	// Defaults to [DefaultBackoff].
-	RetryBackoff func(attempt int) time.Duration
 	// SettleTimeout bounds each settlement (ack, retry, dead-letter). A
 	// settlement that fails leaves the job pending, to be recovered after the
 	// visibility timeout. Defaults to [DefaultSettleTimeout].
@@ -181,21 +207,20 @@ type Config struct {
 	VisibilityTimeout time.Duration
 }
 
-// DefaultBackoff is the default [Config.RetryBackoff]: 1s doubled per
-// attempt, capped at one hour, with "equal jitter" (a random delay between
-// half and all of that) so that jobs failing together do not retry together.
-func DefaultBackoff(attempt int) time.Duration {
-	d := time.Hour
-	if attempt < 12 {
-		d = min(time.Second<<attempt, time.Hour)
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
 // resolved is a Config with its defaults applied and validated.
 type resolved struct {
 	Config
 	keys stream.Keys
+	pol  policy
+}
+
+// Validate reports whether c is a valid configuration, and if not names the
+// first field that is not ("consumer: Config.Group is required"). Run
+// checks it before it touches Redis; call it to check a configuration
+// earlier.
+func (c Config) Validate() error {
+	_, err := c.resolve()
+	return err
 }
 
 func (c Config) resolve() (resolved, error) {
@@ -266,8 +291,11 @@ func (c Config) resolve() (resolved, error) {
 	if !validStartID(c.StartID) {
 		return bad(`Config.StartID (%q) must be "$" or a stream entry ID such as "0" or "1700000000000-0"`, c.StartID)
 	}
-	if c.RetryBackoff == nil {
-		c.RetryBackoff = DefaultBackoff
+	if err := c.Backoff.Validate(); err != nil {
+		return bad("Config.%v", err)
+	}
+	if c.Panic != PanicDeadLetter && c.Panic != PanicRetry {
+		return bad("Config.Panic (%d) is not a PanicPolicy", c.Panic)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -296,7 +324,7 @@ func (c Config) resolve() (resolved, error) {
 	if c.Block >= c.VisibilityTimeout {
 		return bad("Config.Block (%v) must be less than Config.VisibilityTimeout (%v)", c.Block, c.VisibilityTimeout)
 	}
-	return resolved{Config: c, keys: keys}, nil
+	return resolved{Config: c, keys: keys, pol: policy{backoff: c.Backoff, panic: c.Panic, maxAttempts: c.MaxAttempts}}, nil
 }
 
 // validStartID reports whether id is an ID that XGROUP CREATE accepts: "$",

@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -275,7 +276,7 @@ func TestConfig_Defaults(t *testing.T) {
 		}
 	})
 
-	t.Run("DefaultBackoff", func(t *testing.T) {
+	t.Run("ZeroBackoff", func(t *testing.T) {
 		t.Parallel()
 		for _, tc := range []struct {
 			attempt int
@@ -287,9 +288,10 @@ func TestConfig_Defaults(t *testing.T) {
 			{12, 30 * time.Minute, time.Hour},
 			{1000, 30 * time.Minute, time.Hour},
 		} {
-			for range 50 {
-				if d := consumer.DefaultBackoff(tc.attempt); d < tc.lo || d > tc.hi {
-					t.Fatalf("DefaultBackoff(%d) = %v, want within [%v, %v]", tc.attempt, d, tc.lo, tc.hi)
+			for i := range 50 {
+				job := &stream.Job{ID: fmt.Sprint("job-", i), EntryID: fmt.Sprint(i, "-0"), Attempt: tc.attempt}
+				if d := (consumer.Backoff{}).Delay(job); d < tc.lo || d > tc.hi {
+					t.Fatalf("Backoff{}.Delay(attempt %d) = %v, want within [%v, %v]", tc.attempt, d, tc.lo, tc.hi)
 				}
 			}
 		}

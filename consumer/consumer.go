@@ -89,8 +89,8 @@ func (c *Consumer) Handle(h Handler) *Consumer {
 // [ErrShutdown], and returns. Jobs that did not finish stay pending for
 // another consumer. Run returns nil after a clean drain, an error naming the
 // abandoned jobs when handlers ignored their cancelled contexts, and an
-// error naming the field when the configuration is invalid (before any
-// Redis command).
+// error naming the field when the configuration ([Config.Validate]) or a
+// middleware's ([Invalid]) is invalid (before any Redis command).
 //
 // Run starts by creating the group and checking that the client's Redis
 // user may send every command the consumer sends, with its keys (on Redis
@@ -118,6 +118,10 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	if c.rdb == nil {
 		return errors.New("consumer: nil Redis client")
 	}
+	chain, err := buildChain(c.handler, c.mws)
+	if err != nil {
+		return err
+	}
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run called twice: a Consumer runs once; build another with New")
 	}
@@ -126,7 +130,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		close(c.done)
 	}()
 	c.r = r
-	c.chain = Chain(c.handler, c.mws...)
+	c.chain = chain
 	c.claimer = claim.New(c.rdb, r.Stream, r.Group, r.Consumer)
 	c.slots = make(chan struct{}, r.Concurrency)
 	for range r.Concurrency {

@@ -78,3 +78,31 @@ func (m *Mux) Process(ctx context.Context, job *stream.Job) error {
 	}
 	return h.Process(ctx, job)
 }
+
+// Invalid returns the middleware that a middleware constructor returns when
+// its configuration is invalid (err names the field): [Consumer.Run] with it
+// in the chain returns err before it touches Redis, so that
+// New(...).Use(...).Handle(...) stays fluent and nothing panics on a bad
+// configuration. A handler wrapped by it outside a consumer returns err for
+// every job.
+func Invalid(err error) Middleware {
+	return func(Handler) Handler { return invalidHandler{err} }
+}
+
+// invalidHandler is what an [Invalid] middleware wraps every handler into.
+type invalidHandler struct{ err error }
+
+// Process returns the configuration error.
+func (h invalidHandler) Process(context.Context, *stream.Job) error { return h.err }
+
+// buildChain returns h wrapped by mws, mws[0] outermost, or the error of
+// the first (innermost) [Invalid] middleware among them.
+func buildChain(h Handler, mws []Middleware) (Handler, error) {
+	for i := len(mws) - 1; i >= 0; i-- {
+		h = mws[i](h)
+		if ih, ok := h.(invalidHandler); ok {
+			return nil, ih.err
+		}
+	}
+	return h, nil
+}

@@ -161,7 +161,7 @@ func TestMux_Process(t *testing.T) {
 		t.Parallel()
 		err := consumer.NewMux().Process(context.Background(), &stream.Job{Type: "nope"})
 		var o *consumer.Outcome
-		if !errors.As(err, &o) || !o.IsDead() || o.Reason() != consumer.ReasonUnknownType {
+		if !errors.As(err, &o) || consumer.Decide(context.Background(), &stream.Job{Type: "nope"}, err).Kind != consumer.KindDead || o.Reason() != consumer.ReasonUnknownType {
 			t.Errorf("Process of an unknown type = %v; want a Dead outcome with reason unknown_type", err)
 		}
 	})

@@ -288,7 +288,7 @@ func TestConsumer_Logs_Failure(t *testing.T) {
 		want    map[string]any
 	}{{
 		name:    "Retry",
-		cfg:     func(c *consumer.Config) { c.RetryBackoff = func(int) time.Duration { return time.Hour } },
+		cfg:     func(c *consumer.Config) { c.Backoff = consumer.Backoff{Base: time.Hour, Jitter: consumer.JitterNone} },
 		edit:    func(j *stream.Job) { j.Attempt, j.MaxAttempts = 2, 10 },
 		handler: func(context.Context, *stream.Job) error { return errors.New("smtp 451") },
 		msg:     "job failed; retry scheduled",
@@ -298,7 +298,7 @@ func TestConsumer_Logs_Failure(t *testing.T) {
 		name: "Timeout",
 		cfg: func(c *consumer.Config) {
 			c.MaxRuntime = handlerRun
-			c.RetryBackoff = func(int) time.Duration { return time.Hour }
+			c.Backoff = consumer.Backoff{Base: time.Hour, Jitter: consumer.JitterNone}
 		},
 		handler: func(ctx context.Context, _ *stream.Job) error { <-ctx.Done(); return ctx.Err() },
 		msg:     "job failed; retry scheduled",

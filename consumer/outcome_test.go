@@ -1,12 +1,14 @@
 package consumer_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/stream"
 )
 
 func TestOutcome_Error(t *testing.T) {
@@ -33,10 +35,11 @@ func TestOutcome_Error(t *testing.T) {
 			if !errors.As(tc.err, &o) {
 				t.Fatalf("%v is not an *Outcome", tc.err)
 			}
+			d := consumer.Decide(context.Background(), &stream.Job{ID: "j", EntryID: "1-0"}, tc.err)
 			if o.Error() != tc.text || o.Delay() != tc.delay || o.Reason() != tc.reason ||
-				o.IsDead() != tc.dead || o.CountsAttempt() != tc.counts {
-				t.Errorf("got %q delay %v reason %q dead %v counts %v; want %q %v %q %v %v", o.Error(), o.Delay(),
-					o.Reason(), o.IsDead(), o.CountsAttempt(), tc.text, tc.delay, tc.reason, tc.dead, tc.counts)
+				(d.Kind == consumer.KindDead) != tc.dead || (d.Kind == consumer.KindRetry) != tc.counts {
+				t.Errorf("got %q delay %v reason %q, decided %v; want %q %v %q dead %v counts %v", o.Error(), o.Delay(),
+					o.Reason(), d.Kind, tc.text, tc.delay, tc.reason, tc.dead, tc.counts)
 			}
 			if errors.Is(tc.err, inner) != tc.unwrapsToInner {
 				t.Errorf("errors.Is(%v, inner) = %v, want %v", tc.err, !tc.unwrapsToInner, tc.unwrapsToInner)

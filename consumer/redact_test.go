@@ -34,7 +34,7 @@ func TestConsumer_RedactError(t *testing.T) {
 			logger, logs := newCapture(slog.LevelDebug)
 			b.cfg.Logger = logger
 			b.cfg.MaxAttempts = 2
-			b.cfg.RetryBackoff = func(int) time.Duration { return 0 }
+			b.cfg.Backoff = atOnce
 			var sawJob atomic.Bool
 			b.cfg.RedactError = func(j *stream.Job, text string) string {
 				if j != nil && j.Type == "card" {

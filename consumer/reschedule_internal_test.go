@@ -109,7 +109,7 @@ func TestConsumer_retriesBatched(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[string]int{}
 	c := New(crdb, Config{Stream: q, Group: "g", Concurrency: 50, Logger: slog.New(slog.DiscardHandler),
-		RetryBackoff: func(int) time.Duration { return 0 }}).Handle(HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		Backoff: Backoff{Base: time.Nanosecond, Cap: time.Nanosecond}}).Handle(HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 		mu.Lock()
 		runs[j.ID]++
 		first := runs[j.ID] == 1

@@ -217,59 +217,34 @@ func (c *Consumer) logDone(ids []string, stale []string) {
 	}
 }
 
-// settleError settles a job whose handler returned err.
-func (c *Consumer) settleError(ctx context.Context, job *stream.Job, d delivery, err error) (rescheduled bool) {
-	var (
-		o  *Outcome
-		p  *PanicError
-		ce *ClassifiedError
-	)
-	switch {
-	case errors.As(err, &o) && o.IsDead():
-		c.settleDead(ctx, d.id, d.fields, o.Reason(), o.Unwrap(), job.Attempt+1, job)
-	case errors.As(err, &o):
-		return c.settleRetry(ctx, job, d, o.Delay(), o.CountsAttempt(), o.Unwrap())
-	case errors.As(err, &p):
-		c.settleDead(ctx, d.id, d.fields, ReasonPanic, err, job.Attempt+1, job)
-	case errors.As(err, &ce) && ce.Permanent, errors.Is(err, stream.ErrPayload):
-		c.settleDead(ctx, d.id, d.fields, ReasonPermanent, err, job.Attempt+1, job)
-	case errors.As(err, &ce) && ce.After > 0:
-		return c.settleRetry(ctx, job, d, ce.After, true, err)
-	default:
-		return c.settleRetry(ctx, job, d, backoffDelay, true, err)
+// settle applies dec, a retry, snooze or dead-letter decision of [Decide],
+// to the job of d, and reports whether it rescheduled the job. job is nil
+// for an entry that did not decode.
+func (c *Consumer) settle(ctx context.Context, job *stream.Job, d delivery, dec Decision) (rescheduled bool) {
+	switch dec.Kind {
+	case KindDead:
+		c.settleDead(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
+	case KindRetry, KindSnooze:
+		return c.settleRetry(ctx, job, d, dec)
 	}
 	return false
 }
 
-// backoffDelay asks settleRetry for Config.RetryBackoff's delay, computed
-// only when the job has an attempt left.
-const backoffDelay time.Duration = -1
-
-// settleRetry schedules the job's next attempt after delay, or
-// dead-letters it when the attempt would exceed its maximum; it reports
-// whether it rescheduled the job. A suspect's next entry stays a suspect.
-func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delivery, delay time.Duration, count bool, err error) bool {
+// settleRetry schedules the job's next attempt (or, for a snooze, its next
+// run) after dec.Delay, and reports whether it rescheduled the job. A
+// suspect's next entry stays a suspect.
+func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delivery, dec Decision) bool {
+	count, delay, err := dec.Kind == KindRetry, dec.Delay, dec.Err
 	next := *job
 	if t := taskOf(jobCtx); t != nil && t.suspect {
 		next.Suspect = true
 	}
 	if count {
 		next.Attempt++
-		maxAttempts := job.MaxAttempts
-		if maxAttempts == 0 {
-			maxAttempts = c.r.MaxAttempts
-		}
-		if next.Attempt >= maxAttempts {
-			c.settleDead(jobCtx, d.id, d.fields, ReasonExhausted, ExhaustedError(next.Attempt, maxAttempts, err), next.Attempt, job)
-			return false
-		}
 		next.LastError, next.ErrorHistory = withError(job, c.errorText(job, errText(err)))
 		if next.FirstFailedAt.IsZero() {
 			next.FirstFailedAt = time.Now()
 		}
-	}
-	if delay == backoffDelay {
-		delay = c.r.RetryBackoff(job.Attempt)
 	}
 	fields := stream.Encode(&next)
 	// retry.lua compares the delay in ms: a positive delay under 1 ms is no
@@ -326,14 +301,14 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 	return true
 }
 
-// settleDead dead-letters entry id. job is nil for an entry that did not
-// decode. jobCtx carries the dead-letter recorder a middleware may have set.
+// settleDead dead-letters entry id, with Config.RedactDeadLetter's field
+// values and then Config.OnDeadLetter. job is nil for an entry that did not
+// decode.
 func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[string]any, reason string, cause error, attempts int, job *stream.Job) {
 	msg := errText(cause)
 	stored := c.errorText(job, msg) // what dead_error holds
 	info := DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream, DeadLetterStream: c.r.DeadLetterStream,
 		Reason: reason, Error: stored, Attempts: attempts}
-	rec := recorderOf(jobCtx)
 	set := make(map[string]string)
 	if job != nil && msg != "" {
 		// The record carries the final error, as a retry would (the
@@ -348,8 +323,8 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 		b, _ := json.Marshal(history)
 		set[stream.FieldErrorHistory] = string(b)
 	}
-	if rec != nil {
-		for k, v := range rec.Replace(info) {
+	if c.r.RedactDeadLetter != nil && job != nil {
+		for k, v := range c.r.RedactDeadLetter(job) {
 			if _, ok := fields[k]; ok { // a replacement, never a new field
 				set[k] = v
 			}
@@ -401,8 +376,8 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 			"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer,
 			"dead_letter_stream", c.r.DeadLetterStream, "removed", trimmed, "max_len", c.r.DeadLetterMaxLen)
 	}
-	if rec != nil {
-		rec.Recorded(jobCtx, info)
+	if c.r.OnDeadLetter != nil {
+		c.r.OnDeadLetter(context.WithoutCancel(jobCtx), info)
 	}
 }
 

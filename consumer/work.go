@@ -8,7 +8,6 @@ import (
 	"errors"
 	"log/slog"
 	"runtime/debug"
-	"sync/atomic"
 	"time"
 
 	"github.com/pelicanqueue/pelican/stream"
@@ -32,8 +31,8 @@ type task struct {
 	start time.Time
 	ran   time.Duration
 	done  chan struct{}
-	// recorder is the job's DeadLetterRecorder, set by middleware.
-	recorder atomic.Pointer[DeadLetterRecorder]
+	// policy is the consumer's, for Decide.
+	policy *policy
 	// suspect: the job was delivered before (see Config.MaxCrashes); it
 	// runs alone and settles synchronously.
 	suspect bool
@@ -60,7 +59,7 @@ func (c *Consumer) dispatch(d delivery) {
 	// A job delivered again, or rescheduled by a suspect's run, is a
 	// suspect (see suspect.go).
 	suspect := d.deliveries > 1 || d.fields[stream.FieldSuspect] == "1"
-	t := &task{id: d.id, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: suspect}
+	t := &task{id: d.id, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: suspect, policy: &c.r.pol}
 	ctx, cancel := context.WithCancelCause(context.WithValue(c.base, jobKey{}, t))
 	t.cancel = cancel
 	c.mu.Lock()
@@ -98,7 +97,9 @@ func (c *Consumer) decode(d delivery) (job *stream.Job, reason string, deadError
 		return nil, ReasonMalformed, err
 	}
 	job.Stream = c.r.Stream
+	job.Group = c.r.Group
 	job.Deliveries = d.deliveries
+	job.AttemptLimit = attemptLimit(job, c.r.MaxAttempts)
 	return job, "", nil
 }
 
@@ -130,11 +131,11 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 	}
 	c.mu.Unlock()
 	if reason != "" {
-		attempts := d.deliveries
-		if job != nil {
-			attempts = job.Attempt + 1
+		dec := Decide(ctx, job, Dead(reason, deadError))
+		if job == nil {
+			dec.Attempt = d.deliveries
 		}
-		c.settleDead(ctx, d.id, d.fields, reason, deadError, attempts, job)
+		c.settle(ctx, job, d, dec)
 		c.mu.Lock()
 		delete(c.inflight, t.id)
 		c.mu.Unlock()
@@ -159,12 +160,16 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 			c.mu.Unlock()
 		}
 	}()
+	dec := Decide(ctx, job, err)
 	switch {
-	case errors.Is(cause, ErrLeaseLost):
+	case dec.Kind == KindAbandoned && errors.Is(cause, ErrLeaseLost):
 		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job's lease was lost to another consumer; not settling it here",
 			c.jobAttrs(t.id, job, t.ran, errKindLeaseLost, errText(err))...)
 		return endLeaseLost
-	case err == nil && t.suspect:
+	case dec.Kind == KindAbandoned:
+		c.giveBack([]string{t.id})
+		return endShutdown
+	case dec.Kind == KindAck && t.suspect:
 		// A suspect is acknowledged before the next one starts (not once
 		// Run has returned: it then stays pending, as Run said).
 		select {
@@ -173,16 +178,13 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 			forget = false
 			c.flushAcks([]ackItem{{id: t.id}})
 		}
-	case err == nil:
+	case dec.Kind == KindAck:
 		// The job stays in the in-flight set until the ack loop has
 		// acknowledged it, so that this consumer's own sweep cannot start
 		// it again in between.
 		forget = !c.queueAck(ackItem{id: t.id})
-	case errors.Is(cause, ErrShutdown):
-		c.giveBack([]string{t.id})
-		return endShutdown
 	default:
-		if c.settleError(ctx, job, d, err) {
+		if c.settle(ctx, job, d, dec) {
 			return endRescheduled
 		}
 	}
@@ -198,6 +200,9 @@ func (c *Consumer) call(ctx context.Context, job *stream.Job) (err error) {
 	}()
 	return c.chain.Process(ctx, job)
 }
+
+// jobKey is the context key of a job's task.
+type jobKey struct{}
 
 // taskOf returns the task whose handler context is ctx, or nil.
 func taskOf(ctx context.Context) *task {

@@ -87,7 +87,7 @@ func TestAttack9_replay_throughIdempotency(t *testing.T) {
 	store := idem.NewRedisStore(s.rdb, idem.RedisConfig{})
 	mws := []consumer.Middleware{
 		middleware.Idempotency(store, middleware.IdempotencyConfig{Prefix: prefix, Lease: 5 * time.Second, InProgressDelay: 50 * time.Millisecond, Logger: quietA9()}),
-		middleware.Retry(middleware.RetryConfig{MaxAttempts: 2, Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}),
+		middleware.Retry(middleware.RetryConfig{}),
 	}
 	key := func(n string) string { return s.stream + ":" + n }
 	jobs := map[string]*stream.Job{
@@ -102,7 +102,7 @@ func TestAttack9_replay_throughIdempotency(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c := s.a9Run("c1", consumer.Config{}, mws...)
+	c := s.a9Run("c1", consumer.Config{MaxAttempts: 2, Backoff: consumer.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}, mws...)
 	eventually(t, time.Minute, func() (bool, string) {
 		q := s.a9State("g")
 		return q.Dead == 4 && q.Pending == 0 && q.Delayed == 0, fmt.Sprint(q)
@@ -243,7 +243,7 @@ func TestAttack9_replay_forgetKeepsCompleted(t *testing.T) {
 	store := idem.NewRedisStore(s.rdb, idem.RedisConfig{})
 	mws := []consumer.Middleware{
 		middleware.Idempotency(store, middleware.IdempotencyConfig{Prefix: prefix, Lease: 5 * time.Second, InProgressDelay: 50 * time.Millisecond, Logger: quietA9()}),
-		middleware.Retry(middleware.RetryConfig{MaxAttempts: 2, Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}),
+		middleware.Retry(middleware.RetryConfig{}),
 	}
 	p := stream.NewProducer(s.rdb, stream.ProducerConfig{Stream: s.stream})
 	key := s.stream + ":op"
@@ -251,7 +251,7 @@ func TestAttack9_replay_forgetKeepsCompleted(t *testing.T) {
 	if _, err := p.Enqueue(ctx, dying); err != nil {
 		t.Fatal(err)
 	}
-	s.a9Run("c1", consumer.Config{}, mws...)
+	s.a9Run("c1", consumer.Config{MaxAttempts: 2, Backoff: consumer.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}, mws...)
 	eventually(t, time.Minute, func() (bool, string) {
 		return len(s.a9DeadByJob()[dying.ID]) == 1 && s.a9Idle("g"), fmt.Sprint(s.a9State("g"))
 	})

@@ -27,8 +27,8 @@ func a9Consume(t *testing.T, s *scenario, cfg consumer.Config, h consumer.Handle
 	cfg.Block = 200 * time.Millisecond
 	cfg.PromoteInterval = 20 * time.Millisecond
 	cfg.Logger = quietA9()
-	if cfg.RetryBackoff == nil {
-		cfg.RetryBackoff = func(int) time.Duration { return 10 * time.Millisecond }
+	if cfg.Backoff == (consumer.Backoff{}) {
+		cfg.Backoff = consumer.Backoff{Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}
 	}
 	var cs []*consumer.Consumer
 	var wg sync.WaitGroup
@@ -106,7 +106,7 @@ func TestAttack9_small_snoozedVsRetried(t *testing.T) {
 			}
 			var mws []consumer.Middleware
 			if withRetryMW {
-				mws = append(mws, middleware.Retry(middleware.RetryConfig{Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}}))
+				mws = append(mws, middleware.Retry(middleware.RetryConfig{}))
 			}
 			st := a9Consume(t, s, consumer.Config{}, h, func() (bool, string) {
 				mu.Lock()
@@ -180,7 +180,7 @@ func TestAttack9_small_deadLetterFinalError(t *testing.T) {
 			}
 			var mws []consumer.Middleware
 			if withRetryMW {
-				mws = append(mws, middleware.Retry(middleware.RetryConfig{MaxAttempts: 25, Backoff: middleware.Backoff{Base: 5 * time.Millisecond, Cap: 10 * time.Millisecond}}))
+				mws = append(mws, middleware.Retry(middleware.RetryConfig{}))
 			}
 			a9Consume(t, s, consumer.Config{}, h, func() (bool, string) {
 				q := s.a9State("g")

@@ -194,7 +194,7 @@ func a9WorkerMain() int {
 		KeepSettled:       cfg.KeepSettled,
 		DeadLetterMaxLen:  cfg.DeadLetterMaxLen,
 		PromoteInterval:   50 * time.Millisecond,
-		RetryBackoff:      func(int) time.Duration { return 30 * time.Millisecond },
+		Backoff:           consumer.Backoff{Base: 30 * time.Millisecond, Cap: 30 * time.Millisecond},
 		Logger:            logger,
 	})
 	if cfg.Lock {
@@ -205,7 +205,7 @@ func a9WorkerMain() int {
 		store := idem.NewRedisStore(rdb, idem.RedisConfig{})
 		c.Use(
 			middleware.Idempotency(store, middleware.IdempotencyConfig{Prefix: cfg.IdemPrefix, Lease: cfg.IdemLease, InProgressDelay: 100 * time.Millisecond, Logger: logger}),
-			middleware.Retry(middleware.RetryConfig{MaxAttempts: cfg.MaxAttempts, Backoff: middleware.Backoff{Base: 20 * time.Millisecond, Cap: 50 * time.Millisecond}}),
+			middleware.Retry(middleware.RetryConfig{}),
 		)
 	}
 	c.Handle(a9Handler(ledger, cfg.Consumer, cfg.FixFile))
@@ -513,8 +513,8 @@ func (s *scenario) a9Run(name string, cfg consumer.Config, mws ...consumer.Middl
 	if cfg.PromoteInterval == 0 {
 		cfg.PromoteInterval = 50 * time.Millisecond
 	}
-	if cfg.RetryBackoff == nil {
-		cfg.RetryBackoff = func(int) time.Duration { return 30 * time.Millisecond }
+	if cfg.Backoff == (consumer.Backoff{}) {
+		cfg.Backoff = consumer.Backoff{Base: 30 * time.Millisecond, Cap: 30 * time.Millisecond}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

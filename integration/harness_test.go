@@ -350,7 +350,7 @@ func workerMain() int {
 		Concurrency:       num("PW_CONCURRENCY"),
 		MaxCrashes:        num("PW_MAX_CRASHES"),
 		PromoteInterval:   50 * time.Millisecond,
-		RetryBackoff:      func(int) time.Duration { return 50 * time.Millisecond },
+		Backoff:           consumer.Backoff{Base: 50 * time.Millisecond, Cap: 50 * time.Millisecond},
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}).Handle(handler)
 	stalls, report := watchStalls(rdb)

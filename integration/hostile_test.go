@@ -34,7 +34,7 @@ func runHostile(t *testing.T, rdb *redis.Client, q string, cfg consumer.Config) 
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.PromoteInterval = 20 * time.Millisecond
-	cfg.RetryBackoff = func(int) time.Duration { return 10 * time.Millisecond }
+	cfg.Backoff = consumer.Backoff{Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}
 	h.c = consumer.New(rdb, cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 		h.mu.Lock()
 		h.runs[j.ID]++

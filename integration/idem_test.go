@@ -207,7 +207,7 @@ func idemWorkerMain() int {
 		Concurrency:       max(num("PI_CONCURRENCY"), 1),
 		MaxCrashes:        100,
 		PromoteInterval:   50 * time.Millisecond,
-		RetryBackoff:      func(int) time.Duration { return 50 * time.Millisecond },
+		Backoff:           consumer.Backoff{Base: 50 * time.Millisecond, Cap: 50 * time.Millisecond},
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}).Use(observe, idemMW).Handle(handler)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)

@@ -114,7 +114,7 @@ func TestFault_redisFull(t *testing.T) {
 	c := consumer.New(rdb, consumer.Config{
 		Stream: name, Group: "g", Consumer: "c", Concurrency: 20,
 		PromoteInterval: 20 * time.Millisecond,
-		RetryBackoff:    func(int) time.Duration { return 20 * time.Millisecond },
+		Backoff:         consumer.Backoff{Base: 20 * time.Millisecond, Cap: 20 * time.Millisecond},
 		Logger:          slog.New(slog.DiscardHandler),
 	}).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 		mu.Lock()

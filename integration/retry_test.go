@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,18 +20,6 @@ import (
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
-
-// fullJitter returns a RetryBackoff of base doubled per earlier attempt,
-// capped, with "full jitter": a random delay between 0 and that.
-func fullJitter(base, ceiling time.Duration) func(int) time.Duration {
-	return func(attempt int) time.Duration {
-		d := ceiling
-		if attempt < 20 {
-			d = min(base<<attempt, ceiling)
-		}
-		return rand.N(d + 1)
-	}
-}
 
 // runConsumer runs c until the end of the test, then shuts it down and
 // checks that Run returned cleanly.
@@ -200,7 +187,7 @@ func retryStorm(t *testing.T, ceiling time.Duration) (wider time.Duration) {
 			Block:           200 * time.Millisecond,
 			MaxAttempts:     100, // never reached: the storm must end with no dead letter
 			PromoteInterval: 50 * time.Millisecond,
-			RetryBackoff:    fullJitter(base, ceiling),
+			Backoff:         consumer.Backoff{Base: base, Cap: ceiling, Jitter: consumer.JitterFull},
 			Logger:          quietLogger,
 		}).Handle(handler)
 		runConsumer(t, c)
@@ -502,7 +489,7 @@ func TestRetry_deadLetter(t *testing.T) {
 	s := newRetryScenario(t, consumer.Config{
 		MaxAttempts:     configMax,
 		PromoteInterval: 20 * time.Millisecond,
-		RetryBackoff:    func(int) time.Duration { return 10 * time.Millisecond },
+		Backoff:         consumer.Backoff{Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond},
 	}, func(job *stream.Job) error {
 		if job.Type == "permanent" {
 			return consumer.Permanent(errors.New("bad input"))
@@ -627,9 +614,9 @@ func deadWant(t *testing.T, d map[string]any, want map[string]string) {
 
 // F11/F22 (delays): a retry never starts before its backoff has passed, by
 // the Redis clock, and starts within the promote interval after (plus
-// slack for scheduling). Config.RetryBackoff's delays are used, with the
-// number of earlier attempts as argument; RetryAfter's and Retry's delays
-// are used as they are, whatever RetryBackoff says.
+// slack for scheduling). Config.Backoff's delays are used, for the number
+// of earlier attempts; RetryAfter's and Retry's delays are used as they
+// are, whatever Backoff says.
 func TestRetry_backoffDelays(t *testing.T) {
 	t.Parallel()
 	const (
@@ -638,27 +625,14 @@ func TestRetry_backoffDelays(t *testing.T) {
 		// goroutine start on a loaded 2-CPU host under -race: measured
 		// lateness is the promote interval plus 2-10 ms alone, and up to
 		// 150 ms in all while TestRetry_storm saturates the same process.
-		// A consumer ignoring RetryBackoff fails the RetryBackoff-calls
-		// check, and DefaultBackoff's second delay (1-2 s for the 600 ms
-		// expected) exceeds this bound too.
+		// A consumer ignoring Config.Backoff uses the default's second
+		// delay (1-2 s for the 600 ms expected), which exceeds this bound.
 		slack = 300 * time.Millisecond
 	)
 	backoffs := []time.Duration{300 * time.Millisecond, 600 * time.Millisecond}
-	var (
-		mu        sync.Mutex
-		backoffOf []int
-	)
 	s := newRetryScenario(t, consumer.Config{
 		PromoteInterval: promote,
-		RetryBackoff: func(attempt int) time.Duration {
-			mu.Lock()
-			defer mu.Unlock()
-			backoffOf = append(backoffOf, attempt)
-			if attempt < len(backoffs) {
-				return backoffs[attempt]
-			}
-			return 10 * time.Second
-		},
+		Backoff:         consumer.Backoff{Base: backoffs[0], Cap: backoffs[1], Jitter: consumer.JitterNone},
 	}, func(job *stream.Job) error {
 		if job.Attempt == 2 {
 			return nil
@@ -730,11 +704,4 @@ func TestRetry_backoffDelays(t *testing.T) {
 		}
 	}
 	t.Logf("latest retry start after its delay (Redis clock): %v (bound %v)", worst, promote+slack)
-	mu.Lock()
-	defer mu.Unlock()
-	slices.Sort(backoffOf)
-	want := slices.Concat(slices.Repeat([]int{0}, perKind), slices.Repeat([]int{1}, perKind))
-	if !slices.Equal(backoffOf, want) {
-		t.Errorf("RetryBackoff called with attempts %v, want %v (only for the plain retryable errors)", backoffOf, want)
-	}
 }

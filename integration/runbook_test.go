@@ -60,7 +60,7 @@ func startRunbookQueue(t *testing.T) *runbookQueue {
 	q.store = idem.NewRedisStore(s.rdb, idem.RedisConfig{Retention: time.Hour})
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(q.exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	tcfg := tracing.Config{TracerProvider: tp, Group: "g", MaxAttempts: runbookAttempts}
+	tcfg := tracing.Config{TracerProvider: tp}
 
 	handler := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 		q.mu.Lock()
@@ -82,13 +82,13 @@ func startRunbookQueue(t *testing.T) *runbookQueue {
 	c := consumer.New(s.rdb, consumer.Config{
 		Stream: s.stream, Group: "g", Consumer: "c1", Block: 50 * time.Millisecond,
 		PromoteInterval: 20 * time.Millisecond, MaxAttempts: runbookAttempts,
-		Logger: slog.New(slog.DiscardHandler),
+		Backoff: consumer.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, Jitter: consumer.JitterNone},
+		Logger:  slog.New(slog.DiscardHandler),
 	}).Use(
 		tracing.Middleware(tcfg),
 		middleware.Lock(s.rdb, middleware.LockConfig{TTL: 10 * time.Second}),
 		middleware.Idempotency(q.store, middleware.IdempotencyConfig{Lease: time.Minute}),
-		middleware.Retry(middleware.RetryConfig{MaxAttempts: runbookAttempts,
-			Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond, Jitter: middleware.JitterNone}}),
+		middleware.Retry(middleware.RetryConfig{}),
 		middleware.DeadLetter(middleware.DeadLetterConfig{MaxAge: time.Hour}),
 	).Handle(handler)
 	ctx, cancel := context.WithCancel(context.Background())

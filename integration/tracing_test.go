@@ -45,7 +45,7 @@ func TestTracing_redisCLIProducer(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	cfg := tracing.Config{TracerProvider: tp, Group: "g"}
+	cfg := tracing.Config{TracerProvider: tp}
 	c := consumer.New(s.rdb, consumer.Config{
 		Stream: s.stream, Group: "g", Consumer: "c1", Block: 50 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler),

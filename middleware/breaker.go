@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -60,19 +59,18 @@ type CircuitBreakerConfig struct {
 	// when its breaker is half-open. Defaults to
 	// [DefaultBreakerHalfOpenProbes].
 	HalfOpenProbes int
-	// IsFailure reports whether a handler's non-nil error is a failure of
-	// the kind the breaker counts, such as a downstream that times out. A
-	// nil error is a success: it resets the count of consecutive failures
-	// and closes a half-open breaker. A non-nil error that is not a failure
-	// is neutral: it neither counts nor resets (in half-open it frees the
-	// probe's place for another probe). The default counts only retryable
-	// failures: every error except permanent ones (errors.Is
-	// [consumer.ErrPermanent]), outcomes that do not count an attempt
-	// ([consumer.Snooze], for example from an inner rate limit, and
-	// [consumer.Dead]), and the consumer's cancellation causes
-	// [consumer.ErrShutdown] and [consumer.ErrLeaseLost]. Defaults to that
-	// function.
-	IsFailure func(err error) bool
+	// IsFailure reports whether the consumer's decision about a job whose
+	// handler returned an error ([consumer.Decide] over what the next
+	// handler returned) is a failure of the kind the breaker counts, such
+	// as a downstream that times out. A nil error is a success: it resets
+	// the count of consecutive failures and closes a half-open breaker. An
+	// error that is not a failure is neutral: it neither counts nor resets
+	// (in half-open it frees the probe's place for another probe). The
+	// default counts the failures a retry may fix: a retry, or a dead
+	// letter with reason [consumer.ReasonExhausted]; not permanent errors,
+	// other dead letters, snoozes (for example from an inner rate limit) or
+	// jobs the consumer takes back. Defaults to that function.
+	IsFailure func(d consumer.Decision) bool
 	// Key returns the breaker key of a job, such as its type or the
 	// downstream it calls. A job whose key is "" is not guarded. Each key
 	// has its own breaker, kept for the life of the middleware, so keys
@@ -146,7 +144,7 @@ func CircuitBreaker(cfg CircuitBreakerConfig) consumer.Middleware {
 				return err
 			}
 			err = next.Process(ctx, job)
-			b.record(k, st, probe, gen, err)
+			b.record(k, st, probe, gen, err != nil, err != nil && b.cfg.IsFailure(consumer.Decide(ctx, job, err)))
 			return err
 		})
 	}
@@ -227,9 +225,8 @@ func (b *breaker) admit(k string, st *breakerKey, now int64) (probe bool, gen ui
 }
 
 // record counts the result of a job admitted by admit.
-func (b *breaker) record(k string, st *breakerKey, probe bool, gen uint64, err error) {
-	failed := err != nil && b.cfg.IsFailure(err)
-	if err != nil && !failed {
+func (b *breaker) record(k string, st *breakerKey, probe bool, gen uint64, errored, failed bool) {
+	if errored && !failed {
 		if probe {
 			st.mu.Lock()
 			st.probes--
@@ -290,14 +287,6 @@ func (b *breaker) transition(k string, st *breakerKey, to BreakerState) {
 }
 
 // breakerIsFailure is the default CircuitBreakerConfig.IsFailure.
-func breakerIsFailure(err error) bool {
-	if err == nil || errors.Is(err, consumer.ErrPermanent) ||
-		errors.Is(err, consumer.ErrShutdown) || errors.Is(err, consumer.ErrLeaseLost) {
-		return false
-	}
-	var o *consumer.Outcome
-	if errors.As(err, &o) && !o.CountsAttempt() {
-		return false
-	}
-	return true
+func breakerIsFailure(d consumer.Decision) bool {
+	return d.Kind == consumer.KindRetry || (d.Kind == consumer.KindDead && d.Reason == consumer.ReasonExhausted)
 }

@@ -230,7 +230,7 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 				return nil
 			case errors.Is(herr, idem.ErrNotOwner):
 				return consumer.Snooze(concJitter(cfg.InProgressDelay))
-			case idemPermanent(herr):
+			case idemPermanent(ctx, job, herr):
 				if ferr := store.Fail(sctx, key, owner, idemTruncate(herr.Error())); ferr != nil {
 					cfg.Logger.Warn("idempotency: failing the record", "job_id", consumer.BoundLogValue(job.ID),
 						"idempotency_key", consumer.BoundLogValue(job.IdempotencyKey), "record", consumer.BoundLogValue(key), "error", ferr)
@@ -262,16 +262,12 @@ func IdempotencyKey(job *stream.Job, missing MissingKeyPolicy) string {
 }
 
 // idemPermanent reports whether err, returned by the next handler, is a
-// verdict that the operation can never succeed: the job dies with reason
-// permanent. An outcome decides by itself (Retry's, or the handler's own);
-// a bare error is what the consumer dead-letters as permanent. Other dead
-// reasons (exhausted, panic, expired, the handler's own) are not verdicts.
-func idemPermanent(err error) bool {
-	var o *consumer.Outcome
-	if errors.As(err, &o) {
-		return o.IsDead() && o.Reason() == consumer.ReasonPermanent
-	}
-	return errors.Is(err, consumer.ErrPermanent) || errors.Is(err, stream.ErrPayload)
+// verdict that the operation can never succeed: the consumer dead-letters
+// the job with reason permanent (consumer.Decide). Other dead reasons
+// (exhausted, panic, expired, the handler's own) are not verdicts.
+func idemPermanent(ctx context.Context, job *stream.Job, err error) bool {
+	d := consumer.Decide(ctx, job, err)
+	return d.Kind == consumer.KindDead && d.Reason == consumer.ReasonPermanent
 }
 
 func idemRelease(ctx context.Context, log *slog.Logger, store idem.Store, job *stream.Job, key, owner string) {

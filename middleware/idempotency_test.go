@@ -196,14 +196,13 @@ func TestIdempotency_exhaustedThroughRetry(t *testing.T) {
 			return errors.New("connection refused")
 		}
 		return nil
-	}), middleware.Idempotency(store, middleware.IdempotencyConfig{}), middleware.Retry(middleware.RetryConfig{MaxAttempts: 3}))
+	}), middleware.Idempotency(store, middleware.IdempotencyConfig{}), middleware.Retry(middleware.RetryConfig{}))
 	ctx := context.Background()
 
 	last := q.job("op")
-	last.Attempt = 2
+	last.Attempt, last.AttemptLimit = 2, 3
 	err := h.Process(ctx, last)
-	var o *consumer.Outcome
-	if !errors.As(err, &o) || !o.IsDead() || o.Reason() != consumer.ReasonExhausted {
+	if d := consumer.Decide(ctx, last, err); d.Kind != consumer.KindDead || d.Reason != consumer.ReasonExhausted {
 		t.Fatalf("last attempt: %v, want dead (exhausted)", err)
 	}
 	fixed.Store(true)
@@ -218,7 +217,7 @@ func TestIdempotency_exhaustedThroughRetry(t *testing.T) {
 	bad.Type = "bad"
 	for i := range 2 {
 		err := h.Process(ctx, bad)
-		if !errors.As(err, &o) || !o.IsDead() || o.Reason() != consumer.ReasonPermanent {
+		if d := consumer.Decide(ctx, bad, err); d.Kind != consumer.KindDead || d.Reason != consumer.ReasonPermanent {
 			t.Fatalf("permanent failure, delivery %d: %v, want dead (permanent)", i, err)
 		}
 	}

@@ -3,101 +3,20 @@ package middleware
 import (
 	"context"
 	"errors"
-	"math"
-	"math/rand/v2"
+	"fmt"
+	"maps"
 	"net"
-	"runtime/debug"
-	"sync"
+	"slices"
 	"time"
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
-// Defaults of [RetryConfig] and [Backoff].
+// Defaults of [RetryConfig].
 const (
-	DefaultBackoffBase      = time.Second
-	DefaultBackoffCap       = 10 * time.Minute
-	DefaultRetryMaxAttempts = 25
-	DefaultMaxRetryAfter    = time.Hour
+	DefaultMaxRetryAfter = time.Hour
 )
-
-// Jitter is how [Backoff] randomises a delay, so that jobs that failed
-// together do not all retry together.
-type Jitter int
-
-const (
-	// JitterEqual waits between half and all of the raw delay: [raw/2, raw].
-	// It is the zero value, and so the default.
-	JitterEqual Jitter = iota
-	// JitterFull waits between nothing and the raw delay: [0, raw].
-	JitterFull
-	// JitterNone waits exactly the raw delay.
-	JitterNone
-)
-
-// Backoff is an exponential backoff: the raw delay before the retry that
-// follows attempt n (0 for the first run) is min(Cap, Base·2ⁿ), randomised
-// by Jitter.
-type Backoff struct {
-	// Base is the raw delay after the first attempt. Defaults to
-	// [DefaultBackoffBase].
-	Base time.Duration
-	// Cap bounds the raw delay. Defaults to [DefaultBackoffCap].
-	Cap time.Duration
-	// Jitter randomises the delay. Defaults to [JitterEqual].
-	Jitter Jitter
-}
-
-// Raw returns the delay before jitter after attempt earlier attempts:
-// min(Cap, Base·2^attempt), without overflow for any attempt. A negative
-// attempt counts as 0.
-func (b Backoff) Raw(attempt int) time.Duration {
-	base, ceil := b.Base, b.Cap
-	if base <= 0 {
-		base = DefaultBackoffBase
-	}
-	if ceil <= 0 {
-		ceil = DefaultBackoffCap
-	}
-	attempt = max(attempt, 0)
-	if attempt >= 62 || base > ceil>>uint(attempt) {
-		return ceil
-	}
-	return min(base<<uint(attempt), ceil)
-}
-
-// Delay returns the delay before the retry that follows attempt earlier
-// attempts: [Backoff.Raw] randomised by b.Jitter, drawn from r (the
-// process-wide source when r is nil). A *rand.Rand is not safe for
-// concurrent use: the caller serialises calls that share one.
-func (b Backoff) Delay(attempt int, r *rand.Rand) time.Duration {
-	raw := b.Raw(attempt)
-	switch b.Jitter {
-	case JitterNone:
-		return raw
-	case JitterFull:
-		return retryUniform(r, 0, raw)
-	default:
-		return retryUniform(r, raw/2, raw)
-	}
-}
-
-// retryUniform returns a uniform duration in [lo, hi], drawn from r or, when
-// r is nil, the process-wide source.
-func retryUniform(r *rand.Rand, lo, hi time.Duration) time.Duration {
-	n := int64(hi - lo)
-	if n < math.MaxInt64 {
-		n++ // inclusive of hi
-	}
-	if n <= 0 {
-		return lo
-	}
-	if r == nil {
-		return lo + time.Duration(rand.Int64N(n))
-	}
-	return lo + time.Duration(r.Int64N(n))
-}
 
 // Class is what the retry middleware makes of an error.
 type Class int
@@ -125,61 +44,53 @@ func (c Class) String() string {
 	}
 }
 
-// PanicPolicy is what the retry middleware does with a job whose handler
-// panicked.
-type PanicPolicy int
-
-const (
-	// PanicDeadLetter dead-letters the job at once with reason
-	// [consumer.ReasonPanic] and the stack. It is the default.
-	PanicDeadLetter PanicPolicy = iota
-	// PanicRetry treats the panic as a retryable error.
-	PanicRetry
-)
-
 // RetryConfig configures [Retry]. Zero values mean the defaults.
 type RetryConfig struct {
-	// Backoff is the delay policy of retryable errors. Defaults to the zero
-	// Backoff: 1s doubling, capped at 10m, equal jitter.
-	Backoff Backoff
 	// Classify, if set, is asked first about every error that is not
 	// already a [consumer.Outcome]; ClassDefault falls through to the
 	// built-in rules. It must not block. Defaults to nil: the built-in
 	// rules only.
 	Classify func(job *stream.Job, err error) Class
-	// MaxAttempts is the number of attempts of a job whose max_attempts
-	// field is 0; a retryable failure of the last attempt dead-letters the
-	// job with reason [consumer.ReasonExhausted]. Keep it at most the
-	// consumer's Config.MaxAttempts, which the core enforces as well.
-	// Defaults to [DefaultRetryMaxAttempts].
-	MaxAttempts int
 	// MaxRetryAfter caps the delay of a [consumer.RetryAfter] error.
 	// Defaults to [DefaultMaxRetryAfter].
 	MaxRetryAfter time.Duration
-	// PanicPolicy decides what a panic does. Defaults to [PanicDeadLetter].
-	PanicPolicy PanicPolicy
 	// PerType holds the backoff of job types that need their own; a type
-	// not in it uses Backoff. An entry's zero fields mean the package
-	// defaults, not Backoff's. Defaults to nil: every type uses Backoff.
-	PerType map[string]Backoff
-	// Rand is the source of jitter, for reproducible tests; calls are
-	// serialised. Defaults to nil: the process-wide source.
-	Rand *rand.Rand
+	// not in it is retried with the consumer's Config.Backoff. An entry's
+	// zero fields mean consumer.Backoff's defaults (the consumer's, 1s
+	// doubling capped at one hour). Defaults to nil: every type uses the
+	// consumer's backoff.
+	PerType map[string]consumer.Backoff
 	// Unknown is the class of an error no rule recognises. Defaults to
 	// ClassRetryable.
 	Unknown Class
 }
 
-// Retry returns a middleware that turns the errors of the handler (and of
-// the middleware inside it) into outcomes for the consumer:
+// Validate reports the first field of cfg that is out of range, named
+// ("middleware: RetryConfig.MaxRetryAfter ...").
+func (cfg RetryConfig) Validate() error {
+	if cfg.MaxRetryAfter < 0 {
+		return fmt.Errorf("middleware: RetryConfig.MaxRetryAfter (%v) must not be negative", cfg.MaxRetryAfter)
+	}
+	if cfg.Unknown < ClassDefault || cfg.Unknown > ClassPermanent {
+		return fmt.Errorf("middleware: RetryConfig.Unknown (%d) is not a Class", cfg.Unknown)
+	}
+	for _, typ := range slices.Sorted(maps.Keys(cfg.PerType)) {
+		if err := cfg.PerType[typ].Validate(); err != nil {
+			return fmt.Errorf("middleware: RetryConfig.PerType[%q]: %v", typ, err)
+		}
+	}
+	return nil
+}
+
+// Retry returns a middleware that classifies the errors of the handler
+// (and of the middleware inside it) for the consumer, which decides and
+// applies the outcome (see [consumer.Decide]):
 //
-//   - nil, and errors that already are a [consumer.Outcome] (Retry, Snooze,
-//     Dead), pass through untouched;
-//   - errors returned while the consumer cancelled the job's context with
-//     [consumer.ErrShutdown] or [consumer.ErrLeaseLost] pass through
-//     untouched, so that the core leaves the job pending for another consumer;
-//   - a panic is recovered into a [consumer.PanicError] and handled by
-//     RetryConfig.PanicPolicy;
+//   - nil, errors that already are a [consumer.Outcome] (Retry, Snooze,
+//     Dead) or a [consumer.PanicError], and errors returned while the
+//     consumer takes the job back (its context cancelled with
+//     [consumer.ErrShutdown] or [consumer.ErrLeaseLost]) pass through
+//     untouched;
 //   - every other error is classified, the first rule that answers winning:
 //     RetryConfig.Classify; the marks of [consumer.Permanent],
 //     [consumer.Retryable] and [consumer.RetryAfter]; a Retryable() bool
@@ -188,15 +99,21 @@ type RetryConfig struct {
 //     (permanent); RetryConfig.Unknown.
 //
 // A permanent error becomes consumer.Dead(consumer.ReasonPermanent, err). A
-// retryable one becomes consumer.Retry(delay, err), with the RetryAfter delay
-// capped by MaxRetryAfter or else the backoff of the job's type for its
-// attempt (job.Attempt, persisted in the entry); on the job's last attempt it
-// becomes consumer.Dead(consumer.ReasonExhausted, err).
+// retryable one becomes consumer.Retry(delay, err) with the RetryAfter delay
+// capped by MaxRetryAfter, or the backoff of the job's type when PerType has
+// one, or else consumer.Retryable(err): the consumer's Config.Backoff. On
+// the job's last attempt the consumer turns the retry into a dead letter
+// with reason [consumer.ReasonExhausted]: the attempt limit is the
+// consumer's (job.AttemptLimit), never the middleware's. Panics are the
+// consumer's too ([consumer.Config.Panic]).
+//
+// An invalid cfg makes [consumer.Consumer.Run] fail (see
+// [consumer.Invalid]).
 func Retry(cfg RetryConfig) consumer.Middleware {
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = DefaultRetryMaxAttempts
+	if err := cfg.Validate(); err != nil {
+		return consumer.Invalid(err)
 	}
-	if cfg.MaxRetryAfter <= 0 {
+	if cfg.MaxRetryAfter == 0 {
 		cfg.MaxRetryAfter = DefaultMaxRetryAfter
 	}
 	if cfg.Unknown == ClassDefault {
@@ -205,7 +122,7 @@ func Retry(cfg RetryConfig) consumer.Middleware {
 	p := &retryPolicy{cfg: cfg}
 	return func(next consumer.Handler) consumer.Handler {
 		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
-			return p.decide(ctx, job, p.call(ctx, job, next))
+			return p.classifyOutcome(ctx, job, next.Process(ctx, job))
 		})
 	}
 }
@@ -213,70 +130,31 @@ func Retry(cfg RetryConfig) consumer.Middleware {
 // retryPolicy is one Retry middleware's resolved configuration.
 type retryPolicy struct {
 	cfg RetryConfig
-	mu  sync.Mutex // serialises cfg.Rand
 }
 
-// call runs next, recovering a panic into a *consumer.PanicError.
-func (p *retryPolicy) call(ctx context.Context, job *stream.Job, next consumer.Handler) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &consumer.PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return next.Process(ctx, job)
-}
-
-// decide turns err into the outcome the consumer applies.
-func (p *retryPolicy) decide(ctx context.Context, job *stream.Job, err error) error {
+// classifyOutcome turns err into the outcome or class the consumer applies.
+func (p *retryPolicy) classifyOutcome(ctx context.Context, job *stream.Job, err error) error {
 	if err == nil {
 		return nil
 	}
-	if retryConsumerCancelled(ctx, err) {
+	var (
+		o  *consumer.Outcome
+		pe *consumer.PanicError
+	)
+	if errors.As(err, &o) || errors.As(err, &pe) || consumer.Decide(ctx, job, err).Kind == consumer.KindAbandoned {
 		return err
-	}
-	var o *consumer.Outcome
-	if errors.As(err, &o) {
-		return err
-	}
-	var pe *consumer.PanicError
-	if errors.As(err, &pe) {
-		if p.cfg.PanicPolicy == PanicDeadLetter {
-			return consumer.Dead(consumer.ReasonPanic, err)
-		}
-		return p.retry(job, 0, err)
 	}
 	class, after := p.classify(job, err)
-	if class == ClassPermanent {
+	switch {
+	case class == ClassPermanent:
 		return consumer.Dead(consumer.ReasonPermanent, err)
-	}
-	return p.retry(job, after, err)
-}
-
-// retry returns the outcome of a retryable err: a retry after the given
-// delay (the backoff when after is 0), or dead-lettering when the job has no
-// attempt left.
-func (p *retryPolicy) retry(job *stream.Job, after time.Duration, err error) error {
-	maxAttempts := job.MaxAttempts
-	if maxAttempts <= 0 {
-		maxAttempts = p.cfg.MaxAttempts
-	}
-	if job.Attempt+1 >= maxAttempts {
-		return consumer.Dead(consumer.ReasonExhausted, consumer.ExhaustedError(job.Attempt+1, maxAttempts, err))
-	}
-	if after > 0 {
+	case after > 0:
 		return consumer.Retry(min(after, p.cfg.MaxRetryAfter), err)
 	}
-	b, ok := p.cfg.PerType[job.Type]
-	if !ok {
-		b = p.cfg.Backoff
+	if b, ok := p.cfg.PerType[job.Type]; ok {
+		return consumer.Retry(b.Delay(job), err)
 	}
-	if p.cfg.Rand == nil {
-		return consumer.Retry(b.Delay(job.Attempt, nil), err)
-	}
-	p.mu.Lock()
-	d := b.Delay(job.Attempt, p.cfg.Rand)
-	p.mu.Unlock()
-	return consumer.Retry(d, err)
+	return consumer.Retryable(err)
 }
 
 // classify returns err's class (never ClassDefault) and, for a RetryAfter
@@ -310,13 +188,4 @@ func (p *retryPolicy) classify(job *stream.Job, err error) (Class, time.Duration
 		return ClassPermanent, 0
 	}
 	return p.cfg.Unknown, 0
-}
-
-// retryConsumerCancelled reports whether err came from the consumer taking
-// the job back (shutdown past the drain deadline, lease lost): such a job
-// must not be settled by this consumer, whatever the handler returned.
-func retryConsumerCancelled(ctx context.Context, err error) bool {
-	cause := context.Cause(ctx)
-	return errors.Is(cause, consumer.ErrShutdown) || errors.Is(cause, consumer.ErrLeaseLost) ||
-		errors.Is(err, consumer.ErrShutdown) || errors.Is(err, consumer.ErrLeaseLost)
 }

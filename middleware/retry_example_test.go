@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -16,75 +15,67 @@ import (
 	"github.com/pelicanqueue/pelican/stream"
 )
 
-// The retry middleware turns a handler's errors into outcomes: a retry after
-// the backoff of the job's attempt, a Retry-After delay capped by the policy,
-// or a dead-letter decision.
+// The retry middleware classifies a handler's errors: a per-type backoff, a
+// Retry-After delay capped by the policy, a permanent failure, or (no
+// per-type entry) the consumer's own backoff. The consumer decides the
+// rest, such as the job's last attempt (consumer.Decide).
 func ExampleRetry() {
 	retry := middleware.Retry(middleware.RetryConfig{
-		Backoff:       middleware.Backoff{Base: time.Second, Cap: time.Minute, Jitter: middleware.JitterNone},
-		MaxAttempts:   5,
+		PerType:       map[string]consumer.Backoff{"flaky": {Base: time.Second, Cap: time.Minute, Jitter: consumer.JitterNone}},
 		MaxRetryAfter: 10 * time.Minute,
 	})
 	errs := map[string]error{
 		"flaky":     errors.New("connection reset"),
 		"throttled": consumer.RetryAfter(time.Hour, errors.New("429 Too Many Requests")),
 		"invalid":   consumer.Permanent(errors.New("no such customer")),
+		"other":     errors.New("timeout"),
 	}
 	h := retry(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 		return errs[job.Type]
 	}))
+	ctx := context.Background()
 	for _, job := range []*stream.Job{
-		{Type: "flaky", Attempt: 2},
-		{Type: "flaky", Attempt: 4},
-		{Type: "throttled"},
-		{Type: "invalid"},
+		{Type: "flaky", Attempt: 2, AttemptLimit: 5},
+		{Type: "flaky", Attempt: 4, AttemptLimit: 5},
+		{Type: "throttled", AttemptLimit: 5},
+		{Type: "invalid", AttemptLimit: 5},
+		{Type: "other", Attempt: 4, AttemptLimit: 5},
 	} {
-		fmt.Printf("%s, attempt %d: %v\n", job.Type, job.Attempt, h.Process(context.Background(), job))
+		err := h.Process(ctx, job)
+		d := consumer.Decide(ctx, job, err)
+		fmt.Printf("%s, attempt %d: %v; decided %s %s %v\n", job.Type, job.Attempt, err, d.Kind, d.Reason, d.Delay)
 	}
 	// Output:
-	// flaky, attempt 2: retry in 4s: connection reset
-	// flaky, attempt 4: dead-letter (exhausted): attempt 5 of 5: connection reset
-	// throttled, attempt 0: retry in 10m0s: 429 Too Many Requests
-	// invalid, attempt 0: dead-letter (permanent): no such customer
-}
-
-// Delays of the first attempts with equal jitter: between half and all of
-// the raw delay, which doubles from Base up to Cap.
-func ExampleBackoff_Delay() {
-	b := middleware.Backoff{Base: time.Second, Cap: 10 * time.Second, Jitter: middleware.JitterEqual}
-	r := rand.New(rand.NewPCG(1, 2)) // seeded, for a reproducible example
-	for attempt := range 6 {
-		fmt.Printf("attempt %d: raw %v, delay %v\n", attempt, b.Raw(attempt), b.Delay(attempt, r).Round(time.Millisecond))
-	}
-	// Output:
-	// attempt 0: raw 1s, delay 885ms
-	// attempt 1: raw 2s, delay 1.616s
-	// attempt 2: raw 4s, delay 3.569s
-	// attempt 3: raw 8s, delay 7.186s
-	// attempt 4: raw 10s, delay 6.171s
-	// attempt 5: raw 10s, delay 5.206s
+	// flaky, attempt 2: retry in 4s: connection reset; decided retry  4s
+	// flaky, attempt 4: retry in 16s: connection reset; decided dead_letter exhausted 0s
+	// throttled, attempt 0: retry in 10m0s: 429 Too Many Requests; decided retry  10m0s
+	// invalid, attempt 0: dead-letter (permanent): no such customer; decided dead_letter permanent 0s
+	// other, attempt 4: timeout; decided dead_letter exhausted 0s
 }
 
 // A job that overruns its time limit fails with ErrJobTimeout, which the
 // retry middleware outside it retries.
 func ExampleTimeout() {
-	h := middleware.Retry(middleware.RetryConfig{Backoff: middleware.Backoff{Jitter: middleware.JitterNone}})(
+	h := middleware.Retry(middleware.RetryConfig{})(
 		middleware.Timeout(middleware.TimeoutConfig{PerType: map[string]time.Duration{"report": 10 * time.Millisecond}})(
 			consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 				<-ctx.Done() // a slow report
 				return ctx.Err()
 			})))
-	err := h.Process(context.Background(), &stream.Job{Type: "report"})
-	fmt.Println(errors.Is(err, middleware.ErrJobTimeout))
+	job := &stream.Job{Type: "report"}
+	err := h.Process(context.Background(), job)
+	fmt.Println(errors.Is(err, middleware.ErrJobTimeout), errors.Is(err, consumer.ErrRetryable))
 	fmt.Println(err)
+	fmt.Println(consumer.Decide(context.Background(), job, err).Kind)
 	// Output:
-	// true
-	// retry in 1s: middleware: job timeout after 10ms: context deadline exceeded
+	// true true
+	// middleware: job timeout after 10ms: context deadline exceeded
+	// retry
 }
 
-// The dead-letter middleware redacts the payload of the dead-letter copy and
-// alerts, whoever decides that the job dies: here the retry middleware, on a
-// permanent error.
+// The consumer redacts the payload of the dead-letter copy and alerts,
+// whoever decides that the job dies (here the retry middleware, on a
+// permanent error); the DeadLetter middleware only bounds a job's age.
 func ExampleDeadLetter() {
 	m, err := miniredis.Run()
 	if err != nil {
@@ -104,15 +95,13 @@ func ExampleDeadLetter() {
 	c := consumer.New(rdb, consumer.Config{
 		Stream: "{billing}:jobs", Group: "billing", Consumer: "worker-1",
 		Block: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		RedactDeadLetter: func(*stream.Job) map[string]string { return map[string]string{"payload": "<redacted>"} },
+		OnDeadLetter: func(ctx context.Context, d consumer.DeadLetter) {
+			alerted <- d // page someone
+		},
 	}).Use(
 		middleware.Retry(middleware.RetryConfig{}),
-		middleware.DeadLetter(middleware.DeadLetterConfig{
-			MaxAge: 24 * time.Hour,
-			Redact: func(*stream.Job) map[string]string { return map[string]string{"payload": "<redacted>"} },
-			OnDeadLetter: func(ctx context.Context, d consumer.DeadLetter) {
-				alerted <- d // page someone
-			},
-		}),
+		middleware.DeadLetter(middleware.DeadLetterConfig{MaxAge: 24 * time.Hour}),
 	).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 		return consumer.Permanent(errors.New("card declined"))
 	}))

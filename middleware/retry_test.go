@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/middleware"
@@ -18,14 +17,20 @@ import (
 )
 
 // retryDescribe names the outcome of err: "nil", "retry <delay>",
-// "snooze <delay>", "dead <reason>", or "error: <text>" for an error that
-// is no outcome.
+// "snooze <delay>", "dead <reason>", "retryable" (marked by
+// consumer.Retryable: the consumer's backoff), or "error: <text>" for an
+// error that is no outcome.
 func retryDescribe(err error) string {
 	if err == nil {
 		return "nil"
 	}
 	var o *consumer.Outcome
-	if !errors.As(err, &o) {
+	var ce *consumer.ClassifiedError
+	switch {
+	case errors.As(err, &o):
+	case errors.As(err, &ce) && !ce.Permanent && ce.After == 0:
+		return "retryable"
+	default:
 		return "error: " + err.Error()
 	}
 	switch {
@@ -57,126 +62,6 @@ func (e retryNetErr) Temporary() bool { return false }
 
 var _ net.Error = retryNetErr{}
 
-func TestBackoff_Raw(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name    string
-		b       middleware.Backoff
-		attempt int
-		want    time.Duration
-	}{
-		{"defaults first", middleware.Backoff{}, 0, time.Second},
-		{"defaults doubled", middleware.Backoff{}, 3, 8 * time.Second},
-		{"defaults capped", middleware.Backoff{}, 10, 10 * time.Minute},
-		{"negative attempt", middleware.Backoff{Base: time.Second}, -5, time.Second},
-		{"base", middleware.Backoff{Base: 3 * time.Millisecond, Cap: time.Hour}, 0, 3 * time.Millisecond},
-		{"doubling", middleware.Backoff{Base: 3 * time.Millisecond, Cap: time.Hour}, 4, 48 * time.Millisecond},
-		{"exactly cap", middleware.Backoff{Base: time.Second, Cap: 8 * time.Second}, 3, 8 * time.Second},
-		{"just over cap", middleware.Backoff{Base: time.Second, Cap: 8*time.Second - 1}, 3, 8*time.Second - 1},
-		{"base over cap", middleware.Backoff{Base: time.Hour, Cap: time.Minute}, 0, time.Minute},
-		{"attempt 61", middleware.Backoff{Base: 1, Cap: math.MaxInt64}, 61, 1 << 61},
-		{"attempt 62 no overflow", middleware.Backoff{Base: 1, Cap: math.MaxInt64}, 62, math.MaxInt64},
-		{"attempt 63 no overflow", middleware.Backoff{Base: time.Second, Cap: time.Hour}, 63, time.Hour},
-		{"attempt 64 no overflow", middleware.Backoff{Base: time.Second, Cap: time.Hour}, 64, time.Hour},
-		{"huge attempt", middleware.Backoff{Base: time.Second, Cap: time.Hour}, math.MaxInt, time.Hour},
-		{"overflowing shift", middleware.Backoff{Base: time.Hour, Cap: math.MaxInt64}, 40, math.MaxInt64},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			if got := tc.b.Raw(tc.attempt); got != tc.want {
-				t.Errorf("Raw(%d) = %v, want %v", tc.attempt, got, tc.want)
-			}
-		})
-	}
-}
-
-func TestBackoff_Delay(t *testing.T) {
-	t.Parallel()
-
-	// A raw delay of 3ns has few enough values that every one of them,
-	// bounds included, shows up: the bounds are exact, not approximate.
-	t.Run("exact bounds", func(t *testing.T) {
-		t.Parallel()
-		for _, tc := range []struct {
-			jitter middleware.Jitter
-			want   []time.Duration // every possible value
-		}{
-			{middleware.JitterFull, []time.Duration{0, 1, 2, 3}},
-			{middleware.JitterEqual, []time.Duration{1, 2, 3}},
-			{middleware.JitterNone, []time.Duration{3}},
-		} {
-			b := middleware.Backoff{Base: 3, Cap: 3, Jitter: tc.jitter}
-			r := rand.New(rand.NewPCG(1, 2))
-			seen := map[time.Duration]int{}
-			for range 2000 {
-				seen[b.Delay(0, r)]++
-			}
-			if len(seen) != len(tc.want) {
-				t.Errorf("jitter %d: values %v, want exactly %v", tc.jitter, seen, tc.want)
-			}
-			for _, w := range tc.want {
-				if seen[w] == 0 {
-					t.Errorf("jitter %d: value %v never drawn (seen %v)", tc.jitter, w, seen)
-				}
-			}
-		}
-	})
-
-	t.Run("within bounds", func(t *testing.T) {
-		t.Parallel()
-		r := rand.New(rand.NewPCG(3, 4))
-		for _, b := range []middleware.Backoff{
-			{Base: 100 * time.Millisecond, Cap: time.Minute, Jitter: middleware.JitterFull},
-			{Base: 100 * time.Millisecond, Cap: time.Minute, Jitter: middleware.JitterEqual},
-			{Base: 7, Cap: 1001, Jitter: middleware.JitterEqual}, // odd raw delays
-			{Base: 100 * time.Millisecond, Cap: time.Minute, Jitter: middleware.JitterNone},
-			{}, // defaults: equal jitter
-		} {
-			for attempt := range 20 {
-				raw := b.Raw(attempt)
-				lo, hi := raw/2, raw
-				switch b.Jitter {
-				case middleware.JitterFull:
-					lo = 0
-				case middleware.JitterNone:
-					lo = raw
-				}
-				for _, rr := range []*rand.Rand{r, nil} {
-					for range 200 {
-						if d := b.Delay(attempt, rr); d < lo || d > hi {
-							t.Fatalf("%+v Delay(%d) = %v, want within [%v, %v]", b, attempt, d, lo, hi)
-						}
-					}
-				}
-			}
-		}
-	})
-
-	t.Run("largest delays", func(t *testing.T) {
-		t.Parallel()
-		r := rand.New(rand.NewPCG(5, 6))
-		for _, j := range []middleware.Jitter{middleware.JitterFull, middleware.JitterEqual, middleware.JitterNone} {
-			b := middleware.Backoff{Base: time.Hour, Cap: math.MaxInt64, Jitter: j}
-			for range 100 {
-				if d := b.Delay(1000, r); d < 0 || (j == middleware.JitterEqual && d < math.MaxInt64/2) {
-					t.Fatalf("jitter %d: Delay = %v", j, d)
-				}
-			}
-		}
-	})
-
-	t.Run("seeded is reproducible", func(t *testing.T) {
-		t.Parallel()
-		b := middleware.Backoff{}
-		r1, r2 := rand.New(rand.NewPCG(7, 8)), rand.New(rand.NewPCG(7, 8))
-		for attempt := range 10 {
-			if d1, d2 := b.Delay(attempt, r1), b.Delay(attempt, r2); d1 != d2 {
-				t.Fatalf("attempt %d: %v then %v from the same seed", attempt, d1, d2)
-			}
-		}
-	})
-}
-
 func TestRetry_Classify(t *testing.T) {
 	t.Parallel()
 	plain := errors.New("plain")
@@ -190,8 +75,9 @@ func TestRetry_Classify(t *testing.T) {
 	cancel(consumer.ErrShutdown)
 	leaseCtx, cancel := context.WithCancelCause(context.Background())
 	cancel(consumer.ErrLeaseLost)
-	// Backoff without jitter: a retry after attempt 0 waits 1s.
-	base := middleware.RetryConfig{Backoff: middleware.Backoff{Base: time.Second, Jitter: middleware.JitterNone}}
+	// The job's type has a backoff without jitter: a retry after attempt 0
+	// waits 1s.
+	base := middleware.RetryConfig{PerType: map[string]consumer.Backoff{"t": {Base: time.Second, Jitter: consumer.JitterNone}}}
 	toPermanent := func(*stream.Job, error) middleware.Class { return middleware.ClassPermanent }
 	toRetryable := func(*stream.Job, error) middleware.Class { return middleware.ClassRetryable }
 	toDefault := func(*stream.Job, error) middleware.Class { return middleware.ClassDefault }
@@ -274,38 +160,49 @@ func TestRetry_Classify(t *testing.T) {
 	}
 }
 
+// retryDecided names what the consumer decides about what Retry returned.
+func retryDecided(ctx context.Context, job *stream.Job, err error) string {
+	d := consumer.Decide(ctx, job, err)
+	switch d.Kind {
+	case consumer.KindRetry, consumer.KindSnooze:
+		return fmt.Sprintf("%s %v", d.Kind, d.Delay)
+	case consumer.KindDead:
+		return "dead " + d.Reason
+	}
+	return string(d.Kind)
+}
+
+// The attempt limit is the consumer's (the job's AttemptLimit, else its
+// max_attempts, else the default 25): Retry only classifies, and the
+// consumer turns a retry of the last attempt into a dead letter.
 func TestRetry_Attempts(t *testing.T) {
 	t.Parallel()
 	fail := errors.New("fail")
-	cfg := middleware.RetryConfig{
-		Backoff: middleware.Backoff{Base: time.Second, Cap: time.Hour, Jitter: middleware.JitterNone},
-		PerType: map[string]middleware.Backoff{"fast": {Base: time.Millisecond, Cap: 4 * time.Millisecond, Jitter: middleware.JitterNone}},
-	}
-	small := cfg
-	small.MaxAttempts = 3
+	cfg := middleware.RetryConfig{PerType: map[string]consumer.Backoff{
+		"":     {Base: time.Second, Cap: time.Hour, Jitter: consumer.JitterNone},
+		"fast": {Base: time.Millisecond, Cap: 4 * time.Millisecond, Jitter: consumer.JitterNone},
+	}}
 	for _, tc := range []struct {
 		name string
-		cfg  middleware.RetryConfig
 		job  stream.Job
 		want string
 	}{
-		{"first attempt", cfg, stream.Job{Attempt: 0}, "retry 1s"},
-		{"backoff from the job's attempt", cfg, stream.Job{Attempt: 5}, "retry 32s"},
-		{"default max attempts, not last", cfg, stream.Job{Attempt: 23}, "retry 1h0m0s"},
-		{"default max attempts (25), last", cfg, stream.Job{Attempt: 24}, "dead exhausted"},
-		{"policy max attempts, not last", small, stream.Job{Attempt: 1}, "retry 2s"},
-		{"policy max attempts, last", small, stream.Job{Attempt: 2}, "dead exhausted"},
-		{"job max attempts beats policy", small, stream.Job{Attempt: 2, MaxAttempts: 4}, "retry 4s"},
-		{"job max attempts, last", cfg, stream.Job{Attempt: 3, MaxAttempts: 4}, "dead exhausted"},
-		{"job max attempts 1", cfg, stream.Job{Attempt: 0, MaxAttempts: 1}, "dead exhausted"},
-		{"per type backoff", cfg, stream.Job{Type: "fast", Attempt: 1}, "retry 2ms"},
-		{"per type cap", cfg, stream.Job{Type: "fast", Attempt: 9}, "retry 4ms"},
+		{"first attempt", stream.Job{Attempt: 0}, "retry 1s"},
+		{"backoff from the job's attempt", stream.Job{Attempt: 5}, "retry 32s"},
+		{"default max attempts, not last", stream.Job{Attempt: 23}, "retry 1h0m0s"},
+		{"default max attempts (25), last", stream.Job{Attempt: 24}, "dead exhausted"},
+		{"consumer's limit, not last", stream.Job{Attempt: 1, AttemptLimit: 3}, "retry 2s"},
+		{"consumer's limit, last", stream.Job{Attempt: 2, AttemptLimit: 3}, "dead exhausted"},
+		{"job max attempts, last", stream.Job{Attempt: 3, MaxAttempts: 4}, "dead exhausted"},
+		{"job max attempts 1", stream.Job{Attempt: 0, MaxAttempts: 1}, "dead exhausted"},
+		{"per type backoff", stream.Job{Type: "fast", Attempt: 1}, "retry 2ms"},
+		{"per type cap", stream.Job{Type: "fast", Attempt: 9}, "retry 4ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			job := tc.job
-			got := retryRun(context.Background(), tc.cfg, &job, fail)
-			if d := retryDescribe(got); d != tc.want {
+			got := retryRun(context.Background(), cfg, &job, fail)
+			if d := retryDecided(context.Background(), &job, got); d != tc.want {
 				t.Errorf("outcome = %q, want %q", d, tc.want)
 			}
 			if !errors.Is(got, fail) {
@@ -316,86 +213,73 @@ func TestRetry_Attempts(t *testing.T) {
 
 	t.Run("retry after exhausted too", func(t *testing.T) {
 		t.Parallel()
-		got := retryRun(context.Background(), cfg, &stream.Job{Attempt: 1, MaxAttempts: 2}, consumer.RetryAfter(time.Second, fail))
-		if d := retryDescribe(got); d != "dead exhausted" {
+		job := &stream.Job{Attempt: 1, MaxAttempts: 2}
+		got := retryRun(context.Background(), cfg, job, consumer.RetryAfter(time.Second, fail))
+		if d := retryDecided(context.Background(), job, got); d != "dead exhausted" {
 			t.Errorf("outcome = %q, want dead exhausted", d)
 		}
 	})
+
+	t.Run("no per-type entry: the consumer's backoff", func(t *testing.T) {
+		t.Parallel()
+		job := &stream.Job{ID: "j", EntryID: "1-0", Type: "other", Attempt: 20}
+		got := retryRun(context.Background(), cfg, job, fail)
+		if d := retryDescribe(got); d != "retryable" {
+			t.Fatalf("Retry returned %q, want the error marked retryable, its delay left to the consumer", d)
+		}
+		if d := consumer.Decide(context.Background(), job, got); d.Kind != consumer.KindRetry || d.Delay > consumer.DefaultBackoffCap {
+			t.Errorf("decided %+v, want a retry within the core's cap %v", d, consumer.DefaultBackoffCap)
+		}
+	})
 }
 
+// Panics are the consumer's: Retry neither recovers them nor changes a
+// PanicError an inner middleware returned.
 func TestRetry_Panic(t *testing.T) {
 	t.Parallel()
-	panicking := consumer.HandlerFunc(func(context.Context, *stream.Job) error { panic("boom") })
-	backoff := middleware.Backoff{Base: time.Second, Jitter: middleware.JitterNone}
-
-	t.Run("dead-letter by default", func(t *testing.T) {
+	t.Run("not recovered", func(t *testing.T) {
 		t.Parallel()
-		err := middleware.Retry(middleware.RetryConfig{})(panicking).Process(context.Background(), &stream.Job{})
-		if d := retryDescribe(err); d != "dead panic" {
-			t.Fatalf("outcome = %q, want dead panic", d)
-		}
-		var pe *consumer.PanicError
-		if !errors.As(err, &pe) || pe.Value != "boom" || !strings.Contains(string(pe.Stack), "TestRetry_Panic") {
-			t.Fatalf("outcome %v carries no PanicError with the value and the stack", err)
-		}
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Errorf("recovered %v, want the handler's panic to pass through Retry", v)
+			}
+		}()
+		_ = middleware.Retry(middleware.RetryConfig{})(consumer.HandlerFunc(func(context.Context, *stream.Job) error { panic("boom") })).
+			Process(context.Background(), &stream.Job{})
+		t.Error("Retry returned instead of letting the panic through")
 	})
-	t.Run("retry by policy", func(t *testing.T) {
-		t.Parallel()
-		mw := middleware.Retry(middleware.RetryConfig{PanicPolicy: middleware.PanicRetry, Backoff: backoff})
-		err := mw(panicking).Process(context.Background(), &stream.Job{Attempt: 1})
-		var pe *consumer.PanicError
-		if d := retryDescribe(err); d != "retry 2s" || !errors.As(err, &pe) {
-			t.Fatalf("outcome = %q (%v), want retry 2s with the PanicError", d, err)
-		}
-		err = mw(panicking).Process(context.Background(), &stream.Job{Attempt: 1, MaxAttempts: 2})
-		if d := retryDescribe(err); d != "dead exhausted" {
-			t.Fatalf("last attempt: outcome = %q, want dead exhausted", d)
-		}
-	})
-	t.Run("panic error returned by an inner middleware", func(t *testing.T) {
+	t.Run("panic error untouched", func(t *testing.T) {
 		t.Parallel()
 		pe := &consumer.PanicError{Value: "inner", Stack: []byte("stack")}
-		if d := retryDescribe(retryRun(context.Background(), middleware.RetryConfig{}, &stream.Job{}, pe)); d != "dead panic" {
-			t.Errorf("default policy: outcome = %q, want dead panic", d)
-		}
-		cfg := middleware.RetryConfig{PanicPolicy: middleware.PanicRetry, Backoff: backoff}
-		if d := retryDescribe(retryRun(context.Background(), cfg, &stream.Job{}, pe)); d != "retry 1s" {
-			t.Errorf("PanicRetry: outcome = %q, want retry 1s", d)
+		if got := retryRun(context.Background(), middleware.RetryConfig{}, &stream.Job{}, pe); got != pe {
+			t.Errorf("Retry returned %v, want the PanicError itself", got)
 		}
 	})
 }
 
-func TestRetry_Rand(t *testing.T) {
+func TestRetryConfig_Validate(t *testing.T) {
 	t.Parallel()
-	fail := errors.New("fail")
-	delays := func(r *rand.Rand, parallel bool) []time.Duration {
-		mw := middleware.Retry(middleware.RetryConfig{Rand: r, Backoff: middleware.Backoff{Jitter: middleware.JitterFull}})
-		h := mw(consumer.HandlerFunc(func(context.Context, *stream.Job) error { return fail }))
-		out := make([]time.Duration, 50)
-		var wg sync.WaitGroup
-		for i := range out {
-			run := func() {
-				var o *consumer.Outcome
-				if !errors.As(h.Process(context.Background(), &stream.Job{Attempt: 3}), &o) {
-					t.Error("no outcome")
-					return
-				}
-				out[i] = o.Delay()
-			}
-			if parallel {
-				wg.Go(run)
-			} else {
-				run()
+	for _, tc := range []struct {
+		cfg  middleware.RetryConfig
+		want string
+	}{
+		{middleware.RetryConfig{}, ""},
+		{middleware.RetryConfig{MaxRetryAfter: -1}, "RetryConfig.MaxRetryAfter"},
+		{middleware.RetryConfig{Unknown: 7}, "RetryConfig.Unknown"},
+		{middleware.RetryConfig{PerType: map[string]consumer.Backoff{"x": {Cap: -1}}}, `RetryConfig.PerType["x"]: Backoff.Cap`},
+		{middleware.RetryConfig{PerType: map[string]consumer.Backoff{"x": {Base: time.Hour, Cap: time.Minute}}}, `RetryConfig.PerType["x"]: Backoff.Base`},
+	} {
+		err := tc.cfg.Validate()
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%+v: Validate() = %v, want naming %q", tc.cfg, err, tc.want)
+		}
+		// The middleware of an invalid config makes Run fail, before Redis.
+		c := consumer.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), consumer.Config{Stream: "s", Group: "g"}).
+			Use(middleware.Retry(tc.cfg)).Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil }))
+		if tc.want != "" {
+			if err := c.Run(context.Background()); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%+v: Run = %v, want the Validate error", tc.cfg, err)
 			}
 		}
-		wg.Wait()
-		return out
 	}
-	a, b := delays(rand.New(rand.NewPCG(9, 9)), false), delays(rand.New(rand.NewPCG(9, 9)), false)
-	if fmt.Sprint(a) != fmt.Sprint(b) {
-		t.Errorf("same seed, different delays:\n%v\n%v", a, b)
-	}
-	// One Rand shared by concurrent jobs: the race detector checks that the
-	// middleware serialises it.
-	delays(rand.New(rand.NewPCG(1, 1)), true)
 }

@@ -131,9 +131,9 @@ func TestTimeout(t *testing.T) {
 		var cause error
 		h := middleware.Retry(middleware.RetryConfig{Unknown: middleware.ClassPermanent})(
 			middleware.Timeout(middleware.TimeoutConfig{Default: time.Millisecond})(timeoutWaiting(&deadline, &cause)))
-		err := h.Process(context.Background(), &stream.Job{})
-		var o *consumer.Outcome
-		if !errors.As(err, &o) || !o.CountsAttempt() || !errors.Is(err, middleware.ErrJobTimeout) {
+		job := &stream.Job{}
+		err := h.Process(context.Background(), job)
+		if consumer.Decide(context.Background(), job, err).Kind != consumer.KindRetry || !errors.Is(err, middleware.ErrJobTimeout) {
 			t.Errorf("err = %v, want a retry of the job timeout", err)
 		}
 	})

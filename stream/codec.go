@@ -51,7 +51,7 @@ func (e *DecodeError) Error() string {
 // Encode returns the job's fields in wire format v1, as alternating names and
 // values ready for XADD. It writes only fields that differ from their
 // defaults, and Headers and Extra in name order. Delivery fields (EntryID,
-// Stream, Deliveries) are not written, nor is an Extra entry whose name is a
+// Stream, Group, Deliveries, AttemptLimit) are not written, nor is an Extra entry whose name is a
 // v1 field or a header field.
 func Encode(j *Job) []any {
 	f := make([]any, 0, 8+2*(len(j.Headers)+len(j.Extra)))

@@ -90,6 +90,12 @@ type Job struct {
 	EntryID string
 	// Stream is the stream the job was read from.
 	Stream string
+	// Group is the consumer group that delivered the job.
+	Group string
+	// AttemptLimit is the number of attempts the job gets: MaxAttempts
+	// when set, else the consumer's Config.MaxAttempts. Observers read the
+	// limit here rather than configuring their own.
+	AttemptLimit int
 	// Deliveries is how many times Redis has delivered this entry, this
 	// delivery included (the pending-entries list's delivery count).
 	Deliveries int

@@ -76,8 +76,7 @@ func (b *bench) chain(tag, name string) ([]consumer.Middleware, func()) {
 	}
 	m := metrics.New(prometheus.NewRegistry(), metrics.Config{})
 	retry := middleware.Retry(middleware.RetryConfig{})
-	dead := middleware.DeadLetter(middleware.DeadLetterConfig{MaxAge: 24 * time.Hour,
-		OnDeadLetter: func(context.Context, consumer.DeadLetter) {}})
+	dead := middleware.DeadLetter(middleware.DeadLetterConfig{MaxAge: 24 * time.Hour})
 	switch name {
 	case "mid":
 		return []consumer.Middleware{m.Middleware(), retry, dead}, func() {}
@@ -86,7 +85,7 @@ func (b *bench) chain(tag, name string) ([]consumer.Middleware, func()) {
 		// when most jobs are not sampled.
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.TraceIDRatioBased(0.01)))
 		return []consumer.Middleware{
-			tracing.Middleware(tracing.Config{TracerProvider: tp, Group: pelicanGroup}),
+			tracing.Middleware(tracing.Config{TracerProvider: tp}),
 			m.Middleware(),
 			middleware.Lock(b.rdb, middleware.LockConfig{
 				Key: func(j *stream.Job) string { return j.ID }, // a lock key per job

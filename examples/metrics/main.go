@@ -88,9 +88,10 @@ func run(ctx context.Context, ln net.Listener, out io.Writer) error {
 		})
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 1}))
 	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "example", Block: 100 * time.Millisecond,
-		PromoteInterval:    100 * time.Millisecond, Logger: quiet}).
+		PromoteInterval: 100 * time.Millisecond, Logger: quiet,
+		Backoff:            consumer.Backoff{Base: 200 * time.Millisecond, Cap: time.Second}}).
 		Use(m.Middleware(), // outermost: it sees the final outcome
-			middleware.Retry(middleware.RetryConfig{Backoff: middleware.Backoff{Base: 200 * time.Millisecond, Cap: time.Second}}),
+			middleware.Retry(middleware.RetryConfig{}),
 		).Handle(mux)
 	reg.MustRegister(metrics.NewCollector(rdb, metrics.CollectorConfig{
 		Queues:    []metrics.Queue{{Stream: name, Groups: []string{"example"}}},

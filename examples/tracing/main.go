@@ -79,7 +79,7 @@ func run() (err error) {
 	defer rdb.Del(context.WithoutCancel(ctx), keys.Stream, keys.Dead, keys.Delayed)
 
 	const group = "mailers"
-	cfg := tracing.Config{Group: group} // the global provider set above
+	cfg := tracing.Config{} // the global provider set above
 
 	// Producer: each job gets a "send" span, a child of the application's
 	// span, whose context goes into its traceparent field.

@@ -32,19 +32,20 @@ var DefaultBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1
 // in seconds: 1 ms to 6 h (retries can take hours).
 var DefaultLatencyBuckets = []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 900, 3600, 21600}
 
-// Outcome label values of pelican_jobs_processed_total.
+// Outcome label values of pelican_jobs_processed_total: the
+// [consumer.Kind] of the consumer's decision.
 const (
 	// OutcomeAck: the chain returned nil; the job is acknowledged.
-	OutcomeAck = "ack"
+	OutcomeAck = string(consumer.KindAck)
 	// OutcomeRetry: the job is scheduled for a later attempt.
-	OutcomeRetry = "retry"
+	OutcomeRetry = string(consumer.KindRetry)
 	// OutcomeSnooze: the job is rescheduled without counting an attempt.
-	OutcomeSnooze = "snooze"
+	OutcomeSnooze = string(consumer.KindSnooze)
 	// OutcomeDeadLetter: the job is dead-lettered.
-	OutcomeDeadLetter = "dead_letter"
+	OutcomeDeadLetter = string(consumer.KindDead)
 	// OutcomeAbandoned: the consumer took the job back (shutdown past its
 	// drain deadline, or lease lost); it stays pending for another consumer.
-	OutcomeAbandoned = "abandoned"
+	OutcomeAbandoned = string(consumer.KindAbandoned)
 )
 
 // Config configures [New].
@@ -55,13 +56,6 @@ type Config struct {
 	// LatencyBuckets are the buckets of pelican_job_wait_seconds and
 	// pelican_job_latency_seconds. Defaults to [DefaultLatencyBuckets].
 	LatencyBuckets []float64
-	// MaxAttempts must be the consumer's Config.MaxAttempts: a plain error
-	// (or a Retry outcome) on a job's last attempt is dead-lettered by the
-	// core with reason "exhausted", and counted so. Jobs with a max_attempts
-	// field use theirs. With middleware.Retry in the chain, Retry makes that
-	// decision itself and this is not needed. Defaults to
-	// consumer.DefaultMaxAttempts.
-	MaxAttempts int
 	// MaxTypes bounds the distinct values of the type label (job types come
 	// from the stream, which any producer writes): jobs of further types are
 	// labelled [OtherType]. Defaults to [DefaultMaxTypes].
@@ -127,9 +121,6 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 	}
 	if cfg.LatencyBuckets == nil {
 		cfg.LatencyBuckets = DefaultLatencyBuckets
-	}
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = consumer.DefaultMaxAttempts
 	}
 	if cfg.MaxTypes <= 0 {
 		cfg.MaxTypes = DefaultMaxTypes
@@ -215,10 +206,12 @@ func (m *Metrics) seriesOf(streamName, typ string) *series {
 // Before the job runs it observes pelican_job_wait_seconds (now minus the
 // time in the entry's ID: for a retry, since it left the delayed set) and
 // raises pelican_jobs_in_flight; after, it observes
-// pelican_job_duration_seconds and counts the outcome (see [Outcome]), and
-// for an acknowledged job observes pelican_job_latency_seconds (now minus
-// created_at). A panic is counted as a dead letter with reason "panic" and
-// passes on to the consumer, which recovers it.
+// pelican_job_duration_seconds and counts the outcome, the consumer's
+// decision about what the chain returned ([consumer.Decide]), and for an
+// acknowledged job observes pelican_job_latency_seconds (now minus
+// created_at). A panic is counted as the consumer decides it (a dead
+// letter with reason "panic" by default) and passes on to the consumer,
+// which recovers it.
 func (m *Metrics) Middleware() consumer.Middleware {
 	return func(next consumer.Handler) consumer.Handler {
 		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) (err error) {
@@ -233,16 +226,11 @@ func (m *Metrics) Middleware() consumer.Middleware {
 				end := time.Now()
 				s.inFlight.Dec()
 				s.duration.Observe(end.Sub(start).Seconds())
-				var outcome, reason string
 				if panicked {
-					outcome, reason = OutcomeDeadLetter, consumer.ReasonPanic
-					if abandoned(ctx) {
-						outcome, reason = OutcomeAbandoned, ""
-					}
+					m.count(s, job, consumer.Decide(ctx, job, &consumer.PanicError{}), end)
 				} else {
-					outcome, reason = Outcome(ctx, job, err, m.cfg.MaxAttempts)
+					m.count(s, job, consumer.Decide(ctx, job, err), end)
 				}
-				m.count(s, job, outcome, reason, end)
 			}()
 			err = next.Process(ctx, job)
 			panicked = false
@@ -251,81 +239,24 @@ func (m *Metrics) Middleware() consumer.Middleware {
 	}
 }
 
-func (m *Metrics) count(s *series, job *stream.Job, outcome, reason string, end time.Time) {
-	switch outcome {
-	case OutcomeAck:
+func (m *Metrics) count(s *series, job *stream.Job, d consumer.Decision, end time.Time) {
+	switch d.Kind {
+	case consumer.KindAck:
 		s.ack.Inc()
 		if !job.CreatedAt.IsZero() {
 			s.latency.Observe(max(end.Sub(job.CreatedAt).Seconds(), 0))
 		}
-	case OutcomeRetry:
+	case consumer.KindRetry:
 		s.retry.Inc()
 		s.retries.Inc()
-	case OutcomeSnooze:
+	case consumer.KindSnooze:
 		s.snooze.Inc()
-	case OutcomeDeadLetter:
+	case consumer.KindDead:
 		s.dead.Inc()
-		m.deadLetters.WithLabelValues(s.stream, s.typ, reason).Inc()
+		m.deadLetters.WithLabelValues(s.stream, s.typ, d.Reason).Inc()
 	default:
 		s.aband.Inc()
 	}
-}
-
-// abandoned reports whether the consumer took the job of ctx back: its
-// lease was lost, or it is shutting down past the drain deadline.
-func abandoned(ctx context.Context) bool {
-	cause := context.Cause(ctx)
-	return errors.Is(cause, consumer.ErrLeaseLost) || errors.Is(cause, consumer.ErrShutdown)
-}
-
-// Outcome returns the outcome label, and for dead letters the reason, that
-// the consumer core applies to a job whose chain returned err under ctx
-// (the context the consumer passed to the chain). It mirrors the core:
-//
-//   - ctx cancelled with cause consumer.ErrLeaseLost: abandoned, whatever err;
-//   - err nil: ack;
-//   - ctx cancelled with cause consumer.ErrShutdown: abandoned;
-//   - a consumer.Dead outcome: dead_letter with its reason;
-//   - a consumer.Snooze outcome: snooze;
-//   - a *consumer.PanicError: dead_letter, reason "panic";
-//   - consumer.Permanent errors and payload errors (stream.ErrPayload):
-//     dead_letter, reason "permanent";
-//   - a consumer.Retry outcome and every other error: retry, or dead_letter
-//     with reason "exhausted" on the job's last attempt (its max_attempts,
-//     else maxAttempts).
-func Outcome(ctx context.Context, job *stream.Job, err error, maxAttempts int) (outcome, reason string) {
-	cause := context.Cause(ctx)
-	var (
-		o  *consumer.Outcome
-		p  *consumer.PanicError
-		ce *consumer.ClassifiedError
-	)
-	switch {
-	case errors.Is(cause, consumer.ErrLeaseLost):
-		return OutcomeAbandoned, ""
-	case err == nil:
-		return OutcomeAck, ""
-	case errors.Is(cause, consumer.ErrShutdown):
-		return OutcomeAbandoned, ""
-	case errors.As(err, &o):
-		if o.IsDead() {
-			return OutcomeDeadLetter, o.Reason()
-		}
-		if !o.CountsAttempt() {
-			return OutcomeSnooze, ""
-		}
-	case errors.As(err, &p):
-		return OutcomeDeadLetter, consumer.ReasonPanic
-	case errors.As(err, &ce) && ce.Permanent, errors.Is(err, stream.ErrPayload):
-		return OutcomeDeadLetter, consumer.ReasonPermanent
-	}
-	if job.MaxAttempts > 0 {
-		maxAttempts = job.MaxAttempts
-	}
-	if job.Attempt+1 >= maxAttempts {
-		return OutcomeDeadLetter, consumer.ReasonExhausted
-	}
-	return OutcomeRetry, ""
 }
 
 // LockConflict counts a job snoozed because its lock was held elsewhere

@@ -65,13 +65,13 @@ func TestMetrics_Middleware(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			m, reg := setup(t, metrics.Config{MaxAttempts: 3})
+			m, reg := setup(t, metrics.Config{})
 			ctx := tt.ctx
 			if ctx == nil {
 				ctx = context.Background()
 			}
 			job := testJob("email", time.Minute)
-			job.Attempt = tt.attempt
+			job.Attempt, job.AttemptLimit = tt.attempt, 3 // the consumer fills the limit in
 			h := m.Middleware()(consumer.HandlerFunc(func(context.Context, *stream.Job) error { return tt.err }))
 			if err := h.Process(ctx, job); err != tt.err {
 				t.Fatalf("Process returned %v, want the handler's error %v", err, tt.err)

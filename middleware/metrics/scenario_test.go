@@ -108,13 +108,14 @@ func TestMetrics_Scenario(t *testing.T) {
 			return context.Cause(ctx)
 		})
 	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: "c1", Concurrency: 8,
-		Block: 50 * time.Millisecond, PromoteInterval: 20 * time.Millisecond, Logger: quiet}).
+		Block: 50 * time.Millisecond, PromoteInterval: 20 * time.Millisecond, Logger: quiet,
+		Backoff: consumer.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}).
 		Use(m.Middleware(),
 			middleware.Lock(rdb, middleware.LockConfig{
 				ConflictDelay: time.Second, TTL: 300 * time.Millisecond, OnConflict: m.LockConflict}),
 			middleware.Idempotency(idem.NewRedisStore(rdb, idem.RedisConfig{}),
 				middleware.IdempotencyConfig{OnHit: m.IdempotencyHit, Logger: quiet}),
-			middleware.Retry(middleware.RetryConfig{Backoff: middleware.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}),
+			middleware.Retry(middleware.RetryConfig{}),
 			m.LockLost(),
 		).Handle(mux)
 	runCtx, stop := context.WithCancel(ctx)

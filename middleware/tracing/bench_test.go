@@ -18,18 +18,30 @@ func BenchmarkMiddleware(b *testing.B) {
 	noop := consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil })
 	tp := sdktrace.NewTracerProvider()
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	cfg := tracing.Config{TracerProvider: tp, Group: "bench"}
+	cfg := tracing.Config{TracerProvider: tp}
+	// The full chain's configuration: 1% of new traces sampled, and the
+	// producer's decision followed; the job's producer span was not sampled,
+	// so the consumer span is dropped.
+	sampled := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01))))
+	b.Cleanup(func() { _ = sampled.Shutdown(context.Background()) })
+	dropCfg := tracing.Config{TracerProvider: sampled}
 	for _, bc := range []struct {
-		name string
-		h    consumer.Handler
+		name  string
+		h     consumer.Handler
+		flags string
 	}{
-		{"bare", noop},
-		{"consumer-span", tracing.Middleware(cfg)(noop)},
-		{"consumer+handler-span", consumer.Chain(noop, tracing.Middleware(cfg), tracing.Handler(cfg))},
+		{"bare", noop, "01"},
+		{"consumer-span", tracing.Middleware(cfg)(noop), "01"},
+		{"consumer+handler-span", consumer.Chain(noop, tracing.Middleware(cfg), tracing.Handler(cfg)), "01"},
+		{"dropped", tracing.Middleware(dropCfg)(noop), "00"},
+		{"dropped-consumer+handler-span", consumer.Chain(noop, tracing.Middleware(dropCfg), tracing.Handler(dropCfg)), "00"},
+		{"dropped-root", tracing.Middleware(dropCfg)(noop), ""},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			job := deliveredJob()
-			job.TraceParent = "00-" + traceID + "-" + spanID + "-01"
+			if bc.flags != "" {
+				job.TraceParent = "00-" + traceID + "-" + spanID + "-" + bc.flags
+			}
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {

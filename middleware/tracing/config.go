@@ -4,8 +4,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/pelicanqueue/pelican/consumer"
 )
 
 // ScopeName is the instrumentation scope of the tracer this package uses.
@@ -18,19 +16,10 @@ const MessagingSystem = "redis"
 
 // Config configures [Middleware], [Around], [Handler] and [Producer].
 type Config struct {
-	// Group is the consumer group's name, recorded as
-	// messaging.consumer.group.name on consumer spans. Defaults to "" (not
-	// recorded).
-	Group string
 	// Link, when true, starts each consumer span as a new trace with a link
 	// to the producer's span instead of as its child. Defaults to false
 	// (child of the producer's span).
 	Link bool
-	// MaxAttempts is the consumer's Config.MaxAttempts, used to record a
-	// retry decided on a job's last attempt as the dead-letter the consumer
-	// turns it into (a job's own max_attempts field takes precedence).
-	// Defaults to [consumer.DefaultMaxAttempts].
-	MaxAttempts int
 	// Propagator reads and writes the job's trace context. Defaults to
 	// propagation.TraceContext{} (W3C traceparent and tracestate, the
 	// fields of the wire format), not the global propagator.
@@ -42,9 +31,6 @@ type Config struct {
 
 // withDefaults returns cfg with its zero fields set to their defaults.
 func (cfg Config) withDefaults() Config {
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = consumer.DefaultMaxAttempts
-	}
 	if cfg.Propagator == nil {
 		cfg.Propagator = propagation.TraceContext{}
 	}

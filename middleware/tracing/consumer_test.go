@@ -21,16 +21,16 @@ import (
 // runQueue starts a consumer of stream "{t}:jobs" traced with cfg, with
 // handlers by job type, until the test ends, and returns a producer traced
 // with cfg.
-func runQueue(t *testing.T, cfg tracing.Config, mux *consumer.Mux) *stream.Producer {
+func runQueue(t *testing.T, cfg tracing.Config, maxAttempts int, mux *consumer.Mux) *stream.Producer {
 	t.Helper()
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	const name = "{t}:jobs"
 	c := consumer.New(rdb, consumer.Config{
-		Stream: name, Group: cfg.Group, Consumer: "w1",
+		Stream: name, Group: "workers", Consumer: "w1",
 		Block: 20 * time.Millisecond, PromoteInterval: 10 * time.Millisecond,
-		MaxAttempts: cfg.MaxAttempts, RetryBackoff: func(int) time.Duration { return time.Millisecond },
+		MaxAttempts: maxAttempts, Backoff: consumer.Backoff{Base: time.Millisecond, Cap: time.Millisecond},
 		Logger: slog.New(slog.DiscardHandler),
 	}).Use(tracing.Middleware(cfg), tracing.Handler(cfg)).Handle(mux)
 	done := make(chan error, 1)
@@ -59,10 +59,9 @@ func TestProducerToConsumer(t *testing.T) {
 			t.Parallel()
 			cfg, exp := setup(t)
 			cfg.Link = link
-			cfg.MaxAttempts = 2
 			boom := errors.New("boom")
 			var snoozed atomic.Bool
-			prod := runQueue(t, cfg, consumer.NewMux().
+			prod := runQueue(t, cfg, 2, consumer.NewMux().
 				HandleFunc("ok", func(context.Context, *stream.Job) error { return nil }).
 				HandleFunc("fail", func(context.Context, *stream.Job) error { return boom }). // retry, then dead (exhausted)
 				HandleFunc("dead", func(context.Context, *stream.Job) error { return consumer.Permanent(boom) }).

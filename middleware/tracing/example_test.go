@@ -18,7 +18,7 @@ func ExampleMiddleware() {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	defer tp.Shutdown(context.Background())
-	cfg := tracing.Config{TracerProvider: tp, Group: "senders"}
+	cfg := tracing.Config{TracerProvider: tp}
 
 	h := consumer.Chain(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 		return consumer.Snooze(0) // a deliberate reschedule: not an error

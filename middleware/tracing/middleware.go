@@ -3,6 +3,8 @@ package tracing
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
@@ -33,26 +35,26 @@ const (
 	AttrOutcome = attribute.Key("pelican.outcome")
 	// AttrDeadReason is the dead-letter reason, on dead_letter outcomes.
 	AttrDeadReason = attribute.Key("pelican.dead_reason")
-	// AttrDelayMS is the delay of a retry or snooze, in milliseconds, when
-	// the handler chose it (absent: the consumer's backoff).
+	// AttrDelayMS is the delay of a retry or snooze, in milliseconds: the
+	// one the consumer schedules.
 	AttrDelayMS = attribute.Key("pelican.delay_ms")
 )
 
-// Values of [AttrOutcome].
+// Values of [AttrOutcome]: the [consumer.Kind] of the consumer's decision.
 const (
 	// OutcomeAck: the job is done and acknowledged.
-	OutcomeAck = "ack"
+	OutcomeAck = string(consumer.KindAck)
 	// OutcomeRetry: the attempt failed; the next one is scheduled.
-	OutcomeRetry = "retry"
+	OutcomeRetry = string(consumer.KindRetry)
 	// OutcomeSnooze: the job is rescheduled without counting an attempt
 	// (a lock held elsewhere, a rate limit). Not an error.
-	OutcomeSnooze = "snooze"
+	OutcomeSnooze = string(consumer.KindSnooze)
 	// OutcomeDeadLetter: the job is moved to the dead-letter stream.
-	OutcomeDeadLetter = "dead_letter"
+	OutcomeDeadLetter = string(consumer.KindDead)
 	// OutcomeAbandoned: the consumer took the job back (shutdown past the
 	// drain deadline, or lease lost) and leaves it pending for another
 	// consumer. Not an error of the job.
-	OutcomeAbandoned = "abandoned"
+	OutcomeAbandoned = string(consumer.KindAbandoned)
 )
 
 // Middleware returns the outermost middleware of a traced consumer: for
@@ -61,121 +63,126 @@ const (
 // which it puts in the context of the rest of the chain, so that spans
 // started by inner middleware and the handler are its children. See the
 // package documentation for the span's parent, attributes and status.
+//
+// A job whose span the sampler drops costs next to nothing: the sampler is
+// asked first, with the attributes known before the job (system, stream,
+// group, operation), and the job's own attributes and its outcome are
+// computed only for a span that records.
 func Middleware(cfg Config) consumer.Middleware {
 	cfg = cfg.withDefaults()
 	tracer := cfg.tracer()
+	var starts startCache
 	return func(next consumer.Handler) consumer.Handler {
 		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
-			created := cfg.Propagator.Extract(ctx, jobCarrier{job})
-			attrs := []attribute.KeyValue{
-				semconv.MessagingSystemKey.String(MessagingSystem),
-				semconv.MessagingDestinationName(job.Stream),
-				semconv.MessagingOperationTypeProcess,
-				semconv.MessagingOperationName("process"),
+			parent := ctx
+			if job.TraceParent != "" {
+				parent = cfg.Propagator.Extract(ctx, jobCarrier{job})
+			}
+			st := starts.of(job.Stream, job.Group)
+			opts := st.opts
+			if cfg.Link {
+				opts = append(slices.Clip(opts), trace.WithNewRoot())
+				if sc := trace.SpanContextFromContext(parent); sc.IsValid() {
+					opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+				}
+			}
+			spanCtx, span := tracer.Start(parent, st.name, opts...)
+			if !span.IsRecording() {
+				// Dropped: the handler still gets the (non-recording) span
+				// context, so its own spans are dropped too.
+				return next.Process(spanCtx, job)
+			}
+			defer span.End()
+			span.SetAttributes(
 				semconv.MessagingMessageID(job.EntryID),
 				semconv.MessagingMessageBodySize(len(job.Payload)),
 				AttrJobType.String(job.Type),
 				AttrJobID.String(job.ID),
 				AttrAttempt.Int(job.Attempt),
 				AttrDeliveries.Int(job.Deliveries),
-			}
-			if cfg.Group != "" {
-				attrs = append(attrs, semconv.MessagingConsumerGroupName(cfg.Group))
-			}
-			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
-			if cfg.Link {
-				opts = append(opts, trace.WithNewRoot())
-				if sc := trace.SpanContextFromContext(created); sc.IsValid() {
-					opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
-				}
-			}
-			spanCtx, span := tracer.Start(created, "process "+job.Stream, opts...)
-			defer span.End()
+			)
 			defer func() {
-				if v := recover(); v != nil { // the consumer recovers it and dead-letters the job
-					recordOutcome(span, job, cfg.MaxAttempts, &consumer.PanicError{Value: v}, nil)
+				if v := recover(); v != nil { // the consumer recovers it and settles the job
+					err := &consumer.PanicError{Value: v}
+					recordOutcome(span, consumer.Decide(ctx, job, err), err, context.Cause(ctx))
 					panic(v)
 				}
 			}()
 			err := next.Process(spanCtx, job)
-			recordOutcome(span, job, cfg.MaxAttempts, err, context.Cause(ctx))
+			recordOutcome(span, consumer.Decide(ctx, job, err), err, context.Cause(ctx))
 			return err
 		})
 	}
 }
 
-// recordOutcome sets the span's outcome attributes and, for real failures,
-// its error status. It mirrors the consumer's settlement of err.
-func recordOutcome(span trace.Span, job *stream.Job, maxAttempts int, err, cause error) {
-	if errors.Is(cause, consumer.ErrLeaseLost) || (err != nil && errors.Is(cause, consumer.ErrShutdown)) {
-		span.SetAttributes(AttrOutcome.String(OutcomeAbandoned))
+// start is how the spans of one stream and group start: the span's name
+// and the options with the attributes known before the job.
+type start struct {
+	stream, group string
+	name          string
+	opts          []trace.SpanStartOption
+}
+
+// startCache keeps the start of the stream and group last seen (a
+// middleware usually serves one consumer).
+type startCache struct{ last atomic.Pointer[start] }
+
+// of returns the start of streamName and group.
+func (c *startCache) of(streamName, group string) *start {
+	if st := c.last.Load(); st != nil && st.stream == streamName && st.group == group {
+		return st
+	}
+	attrs := []attribute.KeyValue{
+		semconv.MessagingSystemKey.String(MessagingSystem),
+		semconv.MessagingDestinationName(streamName),
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"),
+	}
+	if group != "" {
+		attrs = append(attrs, semconv.MessagingConsumerGroupName(group))
+	}
+	st := &start{stream: streamName, group: group, name: "process " + streamName,
+		opts: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}}
+	c.last.Store(st)
+	return st
+}
+
+// recordOutcome sets the span's outcome attributes from the consumer's
+// decision d about the chain's err and, for real failures, its error
+// status.
+func recordOutcome(span trace.Span, d consumer.Decision, err, cause error) {
+	span.SetAttributes(AttrOutcome.String(string(d.Kind)))
+	switch d.Kind {
+	case consumer.KindAbandoned:
 		if err != nil {
-			span.AddEvent("abandoned", trace.WithAttributes(attribute.String("cause", cause.Error()), attribute.String("error", err.Error())))
+			span.AddEvent("abandoned", trace.WithAttributes(attribute.String("cause", errText(cause)), attribute.String("error", err.Error())))
 		}
-		return
+	case consumer.KindRetry, consumer.KindSnooze:
+		span.SetAttributes(AttrDelayMS.Int64(d.Delay.Milliseconds()))
+	case consumer.KindDead:
+		span.SetAttributes(AttrDeadReason.String(d.Reason))
 	}
-	if err == nil {
-		span.SetAttributes(AttrOutcome.String(OutcomeAck))
-		return
-	}
-	var (
-		o  *consumer.Outcome
-		p  *consumer.PanicError
-		ce *consumer.ClassifiedError
-	)
-	outcome, reason, counts := OutcomeRetry, "", true
-	switch {
-	case errors.As(err, &o) && o.IsDead():
-		outcome, reason = OutcomeDeadLetter, o.Reason()
-	case errors.As(err, &o):
-		counts = o.CountsAttempt()
-		if !counts {
-			outcome = OutcomeSnooze
-		}
-		if o.Delay() > 0 {
-			span.SetAttributes(AttrDelayMS.Int64(o.Delay().Milliseconds()))
-		}
-	case errors.As(err, &p):
-		outcome, reason = OutcomeDeadLetter, consumer.ReasonPanic
-	case errors.As(err, &ce) && ce.Permanent, errors.Is(err, stream.ErrPayload):
-		outcome, reason = OutcomeDeadLetter, consumer.ReasonPermanent
-	case errors.As(err, &ce) && ce.After > 0:
-		span.SetAttributes(AttrDelayMS.Int64(ce.After.Milliseconds()))
-	}
-	if outcome == OutcomeRetry {
-		limit := job.MaxAttempts
-		if limit == 0 {
-			limit = maxAttempts
-		}
-		if job.Attempt+1 >= limit {
-			outcome, reason = OutcomeDeadLetter, consumer.ReasonExhausted
-		}
-	}
-	span.SetAttributes(AttrOutcome.String(outcome))
-	if reason != "" {
-		span.SetAttributes(AttrDeadReason.String(reason))
-	}
-	if counts {
-		setError(span, err)
+	if d.Failed() && !errors.Is(err, redis.Nil) {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
 	}
 }
 
-// setError records err on span and sets its status to Error, unless err is
-// not a failure: nil, a snooze (a deliberate reschedule) or redis.Nil (a
-// missing key is an answer, not a fault).
-func setError(span trace.Span, err error) {
-	if !failure(err) {
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// setError records err on span and sets its status to Error when it is a
+// real failure: one the consumer would retry or dead-letter
+// ([consumer.Decide]), not nil, a snooze (a deliberate reschedule) or
+// redis.Nil (a missing key is an answer, not a fault).
+func setError(ctx context.Context, job *stream.Job, span trace.Span, err error) {
+	if err == nil || !span.IsRecording() || errors.Is(err, redis.Nil) || !consumer.Decide(ctx, job, err).Failed() {
 		return
 	}
 	span.RecordError(err)
 	span.SetStatus(codes.Error, err.Error())
-}
-
-// failure reports whether err is a real failure (see setError).
-func failure(err error) bool {
-	if err == nil || errors.Is(err, redis.Nil) {
-		return false
-	}
-	var o *consumer.Outcome
-	return !errors.As(err, &o) || o.IsDead() || o.CountsAttempt()
 }

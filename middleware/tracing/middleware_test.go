@@ -26,7 +26,7 @@ func setup(t *testing.T) (tracing.Config, *tracetest.InMemoryExporter) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return tracing.Config{TracerProvider: tp, Group: "workers"}, exp
+	return tracing.Config{TracerProvider: tp}, exp
 }
 
 // byName returns the ended spans named name.
@@ -66,7 +66,7 @@ func attrs(s tracetest.SpanStub) map[attribute.Key]attribute.Value {
 // deliveredJob returns a job as the consumer delivers it, on stream "jobs".
 func deliveredJob() *stream.Job {
 	return &stream.Job{ID: "job-1", Type: "email.send", Payload: []byte(`{}`), Attempt: 2,
-		EntryID: "1700000000000-0", Stream: "jobs", Deliveries: 3}
+		EntryID: "1700000000000-0", Stream: "jobs", Group: "workers", Deliveries: 3}
 }
 
 const (
@@ -181,17 +181,18 @@ func TestMiddleware_outcome(t *testing.T) {
 		failed     bool
 		delayMS    int64
 		hasDelayMS bool
+		backoff    bool // delay_ms is the consumer's backoff for the job
 	}{
 		{name: "ack", outcome: "ack"},
 		{name: "retry", err: consumer.Retry(2*time.Second, boom), outcome: "retry", failed: true, delayMS: 2000, hasDelayMS: true},
-		{name: "plain error", err: boom, outcome: "retry", failed: true},
+		{name: "plain error", err: boom, outcome: "retry", failed: true, backoff: true},
 		{name: "retry after", err: consumer.RetryAfter(time.Second, boom), outcome: "retry", failed: true, delayMS: 1000, hasDelayMS: true},
 		{name: "last attempt", err: boom, maxAtt: 3, outcome: "dead_letter", reason: "exhausted", failed: true},
 		{name: "dead", err: consumer.Dead("bad_input", boom), outcome: "dead_letter", reason: "bad_input", failed: true},
 		{name: "permanent", err: consumer.Permanent(boom), outcome: "dead_letter", reason: "permanent", failed: true},
 		{name: "payload", err: fmt.Errorf("decode: %w", stream.ErrPayload), outcome: "dead_letter", reason: "permanent", failed: true},
 		{name: "snooze", err: consumer.Snooze(time.Second), outcome: "snooze", delayMS: 1000, hasDelayMS: true},
-		{name: "redis.Nil", err: fmt.Errorf("get user: %w", redis.Nil), outcome: "retry"},
+		{name: "redis.Nil", err: fmt.Errorf("get user: %w", redis.Nil), outcome: "retry", backoff: true},
 		{name: "shutdown", err: context.Canceled, cause: consumer.ErrShutdown, outcome: "abandoned"},
 		{name: "shutdown but done", cause: consumer.ErrShutdown, outcome: "ack"},
 		{name: "lease lost", err: context.Canceled, cause: consumer.ErrLeaseLost, outcome: "abandoned"},
@@ -202,6 +203,9 @@ func TestMiddleware_outcome(t *testing.T) {
 			cfg, exp := setup(t)
 			job := deliveredJob()
 			job.MaxAttempts = tt.maxAtt
+			if tt.backoff {
+				tt.delayMS, tt.hasDelayMS = consumer.Backoff{}.Delay(job).Milliseconds(), true
+			}
 			ctx, cancel := context.WithCancelCause(context.Background())
 			defer cancel(nil)
 			h := tracing.Middleware(cfg)(consumer.HandlerFunc(func(context.Context, *stream.Job) error {

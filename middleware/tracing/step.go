@@ -56,7 +56,7 @@ func Around(name string, mw consumer.Middleware, cfg Config) consumer.Middleware
 			stepCtx, span := tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
 			st := &step{span: span, outer: outer}
 			err := inner.Process(context.WithValue(stepCtx, key, st), job)
-			st.end(err) // if mw returned without calling next
+			st.end(ctx, job, err) // if mw returned without calling next
 			return err
 		})
 	}
@@ -82,13 +82,16 @@ func (s *step) enter() {
 }
 
 // end ends the span with mw's result if next was not called.
-func (s *step) end(err error) {
+func (s *step) end(ctx context.Context, job *stream.Job, err error) {
 	s.once.Do(func() {
 		s.span.SetAttributes(AttrNextCalled.Bool(false))
-		setError(s.span, err)
+		setError(ctx, job, s.span, err)
 		s.span.End()
 	})
 }
+
+// handlerKind is the start option of handler spans, made once.
+var handlerKind = trace.WithSpanKind(trace.SpanKindInternal)
 
 // Handler returns the innermost middleware of a traced consumer: a child
 // span named [SpanHandler] around the handler, with the handler's error
@@ -99,10 +102,10 @@ func Handler(cfg Config) consumer.Middleware {
 	tracer := cfg.tracer()
 	return func(next consumer.Handler) consumer.Handler {
 		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
-			ctx, span := tracer.Start(ctx, SpanHandler, trace.WithSpanKind(trace.SpanKindInternal))
+			spanCtx, span := tracer.Start(ctx, SpanHandler, handlerKind)
 			defer span.End()
-			err := next.Process(ctx, job)
-			setError(span, err)
+			err := next.Process(spanCtx, job)
+			setError(ctx, job, span, err)
 			return err
 		})
 	}
