@@ -29,9 +29,19 @@
 // [Config.VisibilityTimeout].
 //
 // Handlers return typed outcomes: nil (done), an error made by [Retry],
-// [Snooze] or [Dead], or any other error (retried with [Config.RetryBackoff]
+// [Snooze] or [Dead], or any other error (retried with [Config.Backoff]
 // until [Config.MaxAttempts]). A panic is recovered and the job is
-// dead-lettered with reason "panic" and the stack.
+// dead-lettered with reason "panic" and the stack. [Decide] holds these
+// rules: the consumer settles every job from the [Decision] it returns, and
+// middleware that needs the outcome calls it rather than deriving its own.
+//
+// Construction: [New], [Consumer.Use] and [Consumer.Handle] never fail, so
+// that a consumer is built in one expression; [Consumer.Run] checks the
+// configuration ([Config.Validate]) and every middleware's (see [Invalid])
+// before it touches Redis, and returns the error naming the field. Nothing
+// in this package panics on a configuration; [Mux.Handle] panics on a
+// programmer error (an empty type, a nil handler, a type registered twice),
+// as documented there.
 //
 // The package imports stream and claim, never middleware, and no
 // observability library.

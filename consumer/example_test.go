@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -105,4 +106,63 @@ func Example() {
 	// seen: [email.send error=false email.send error=false fax.send error=true]
 	// dead: fax.send unknown_type
 	// acked=2 dead=1 pending=0
+}
+
+// Decide is the one place the outcome rules live: the consumer settles
+// every job from its Decision, and middleware that needs the outcome asks
+// it rather than deriving it. Outside a consumer the Config defaults apply.
+func ExampleDecide() {
+	ctx := context.Background()
+	job := &stream.Job{ID: "job-1", EntryID: "1700000000000-0", Type: "email.send", Attempt: 2, AttemptLimit: 3}
+	for _, err := range []error{
+		nil,
+		consumer.Snooze(time.Minute),
+		consumer.Permanent(errors.New("no such mailbox")),
+		errors.New("smtp: connection refused"), // the third and last attempt
+	} {
+		d := consumer.Decide(ctx, job, err)
+		fmt.Printf("%v: %s %s (attempt %d of %d)\n", err, d.Kind, d.Reason, d.Attempt, d.MaxAttempts)
+	}
+	// Output:
+	// <nil>: ack  (attempt 3 of 3)
+	// snooze 1m0s: snooze  (attempt 3 of 3)
+	// no such mailbox: dead_letter permanent (attempt 3 of 3)
+	// smtp: connection refused: dead_letter exhausted (attempt 3 of 3)
+}
+
+// Delays of the first attempts with equal jitter: between half and all of
+// the raw delay, which doubles from Base up to Cap. The jitter comes from a
+// hash of the job, so the delay of one job's attempt is the same wherever
+// it is computed.
+func ExampleBackoff_Delay() {
+	b := consumer.Backoff{Base: time.Second, Cap: 10 * time.Second}
+	job := &stream.Job{ID: "job-1", EntryID: "1700000000000-0"}
+	for attempt := range 6 {
+		job.Attempt = attempt
+		d := b.Delay(job)
+		fmt.Printf("attempt %d: raw %v, delay within [raw/2, raw]: %v\n", attempt, b.Raw(attempt), d >= b.Raw(attempt)/2 && d <= b.Raw(attempt))
+	}
+	// Output:
+	// attempt 0: raw 1s, delay within [raw/2, raw]: true
+	// attempt 1: raw 2s, delay within [raw/2, raw]: true
+	// attempt 2: raw 4s, delay within [raw/2, raw]: true
+	// attempt 3: raw 8s, delay within [raw/2, raw]: true
+	// attempt 4: raw 10s, delay within [raw/2, raw]: true
+	// attempt 5: raw 10s, delay within [raw/2, raw]: true
+}
+
+// A configuration is checked before Run touches Redis; Validate checks it
+// earlier. A middleware built from an invalid configuration (Invalid) makes
+// Run fail the same way.
+func ExampleConfig_Validate() {
+	fmt.Println(consumer.Config{Stream: "emails"}.Validate())
+	fmt.Println(consumer.Config{Stream: "emails", Group: "senders", Backoff: consumer.Backoff{Base: 2 * time.Hour}}.Validate())
+	c := consumer.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), consumer.Config{Stream: "emails", Group: "senders"}).
+		Use(consumer.Invalid(errors.New("mymiddleware: Config.Limit (-1) must not be negative"))).
+		Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil }))
+	fmt.Println(c.Run(context.Background()))
+	// Output:
+	// consumer: Config.Group is required
+	// consumer: Config.Backoff.Base (2h0m0s) must not exceed Backoff.Cap (1h0m0s)
+	// mymiddleware: Config.Limit (-1) must not be negative
 }

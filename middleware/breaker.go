@@ -91,6 +91,19 @@ type CircuitBreakerConfig struct {
 	Threshold int
 }
 
+// Validate reports the first field of cfg that is out of range, named.
+func (cfg CircuitBreakerConfig) Validate() error {
+	switch {
+	case cfg.HalfOpenProbes < 0:
+		return fmt.Errorf("middleware: CircuitBreakerConfig.HalfOpenProbes (%d) must not be negative", cfg.HalfOpenProbes)
+	case cfg.OpenFor < 0:
+		return fmt.Errorf("middleware: CircuitBreakerConfig.OpenFor (%v) must not be negative", cfg.OpenFor)
+	case cfg.Threshold < 0:
+		return fmt.Errorf("middleware: CircuitBreakerConfig.Threshold (%d) must not be negative", cfg.Threshold)
+	}
+	return nil
+}
+
 // breakerBuckets is how many snooze delays an open breaker prepares.
 const breakerBuckets = 16
 
@@ -108,7 +121,13 @@ const breakerBuckets = 16
 // and no allocation (the snooze errors are made when the breaker opens:
 // one per sixteenth of the open time, each with its own jitter, so that
 // the jobs rejected at different times come back at different times).
+//
+// An invalid cfg makes [consumer.Consumer.Run] fail (see
+// [consumer.Invalid]).
 func CircuitBreaker(cfg CircuitBreakerConfig) consumer.Middleware {
+	if err := cfg.Validate(); err != nil {
+		return consumer.Invalid(err)
+	}
 	if cfg.Threshold <= 0 {
 		cfg.Threshold = DefaultBreakerThreshold
 	}

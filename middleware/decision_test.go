@@ -323,8 +323,6 @@ type attrValue struct {
 func (v attrValue) AsString() string { return v.s }
 func (v attrValue) AsInt64() int64   { return v.n }
 
-
-
 // The delay of a retry is the consumer's Config.Backoff, capped at one
 // hour by default, whether middleware.Retry is in the chain or not (Retry
 // without a per-type entry leaves the delay to the consumer).

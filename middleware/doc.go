@@ -9,6 +9,16 @@
 // XxxConfig struct, returning a [consumer.Middleware]. Each one works with a
 // plain [consumer.HandlerFunc] and needs no Redis to be tested.
 //
+// Construction: constructors return a Middleware, never an error, so that
+// consumer.New(...).Use(...) stays one expression. [RetryConfig],
+// [DeadLetterConfig] and [CircuitBreakerConfig] have a Validate method that
+// names the first bad field, and [Retry], [DeadLetter] and [CircuitBreaker]
+// given an invalid Config return [consumer.Invalid] with that error, which
+// makes consumer.Consumer.Run fail before it touches Redis. ([Lock],
+// [Idempotency], [DistributedConcurrency] and [RateLimit] still panic on an
+// invalid Config, documented there as a programmer error; moving them to the
+// same rule is left to their owners.)
+//
 // # Outcome flow
 //
 // A handler, and every middleware, returns nil or an error; the error decides
@@ -21,24 +31,26 @@
 //     [consumer.Permanent], [consumer.Retryable] or [consumer.RetryAfter], or
 //     an outcome it chose itself ([consumer.Retry], [consumer.Snooze],
 //     [consumer.Dead]).
-//   - [Retry] turns every error that is not yet an outcome into a retry or a
-//     dead-letter decision: it classifies it (a user function, the marks, a
-//     Retryable() bool method, timeouts, payload decode errors, then a
-//     configurable default), recovers panics (dead-letter or retry, by
-//     policy), computes the backoff of the job's type from the attempt stored
-//     in the job's entry, and on the last attempt dead-letters with reason
-//     "exhausted". Outcomes made by others pass through untouched, and so do
-//     errors returned after the consumer took the job back (shutdown, lease
-//     lost), so that the job stays pending for another consumer.
-//   - [DeadLetter] owns how dead jobs are recorded, whoever decides that they
-//     die. It registers a [consumer.DeadLetterRecorder] for the job
-//     ([consumer.SetDeadLetterRecorder]) before calling the next handler; when
-//     the core dead-letters the job (because the handler, Retry outside it,
-//     or the core itself decided so), it asks the recorder for field
-//     replacements (payload redaction) before its atomic script and calls it
-//     after the write (the OnDeadLetter alert, with the dead entry's ID). It
-//     also dead-letters jobs older than a maximum age, reason "expired",
-//     without running them.
+//   - [Retry] classifies every error that is not yet an outcome (a user
+//     function, the marks, a Retryable() bool method, timeouts, payload
+//     decode errors, then a configurable default) into a dead letter (reason
+//     "permanent") or a retry: with the RetryAfter delay capped, the backoff
+//     of the job's type (RetryConfig.PerType, a [consumer.Backoff]), or else
+//     the consumer's Config.Backoff. The attempt limit is the consumer's: it
+//     turns a retry of the last attempt into a dead letter with reason
+//     "exhausted". Outcomes made by others, panics (the consumer recovers
+//     them, by its Config.Panic) and errors returned after the consumer took
+//     the job back (shutdown, lease lost) pass through untouched.
+//   - What the consumer then does is [consumer.Decide]'s, the one place the
+//     rules live. Middleware that needs the outcome (Idempotency, the
+//     breaker, tracing and metrics) calls it over what its next handler
+//     returned, and reports what the consumer does.
+//   - [DeadLetter] dead-letters jobs older than a maximum age, reason
+//     "expired", without running them. How dead jobs are recorded, whoever
+//     decides that they die (the handler, Retry, the consumer for a malformed
+//     or crashed entry), is the consumer's: Config.RedactDeadLetter replaces
+//     fields of the dead-letter copy, Config.OnDeadLetter alerts after the
+//     write.
 //   - [Idempotency], outside Retry, observes its decision: a job that dies
 //     with reason "permanent" fails the operation's record for good (later
 //     jobs of the key die at once without running, until the record is
@@ -78,11 +90,9 @@
 // included. The lock and idempotency checks come before any policy, so that a
 // job that must not run now is snoozed or skipped before it uses an attempt.
 // Retry sits outside everything that can fail, so that every error (the
-// handler's, a timeout, a panic) reaches its classification, and outside
+// handler's, a timeout) reaches its classification, and outside
 // DeadLetter, whose expiry decision it passes through as an outcome.
-// DeadLetter's recorder applies to the job whatever the position, but it must
-// run for the job to be registered: keep it before anything that may return
-// without calling the next handler. Overload middleware come next, so their
+// Overload middleware come next, so their
 // snoozes do not count attempts. Timeout is innermost, inside Retry so that
 // its timeouts are classified (retryable) and inside overload protection so
 // that the time spent waiting for a slot is not counted against the handler,

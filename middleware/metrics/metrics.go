@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -62,6 +63,14 @@ type Config struct {
 	MaxTypes int
 	// Namespace starts every metric name. Defaults to [DefaultNamespace].
 	Namespace string
+}
+
+// Validate reports the first field of cfg that is out of range, named.
+func (cfg Config) Validate() error {
+	if cfg.MaxTypes < 0 {
+		return fmt.Errorf("metrics: Config.MaxTypes (%d) must not be negative", cfg.MaxTypes)
+	}
+	return nil
 }
 
 // Metrics holds the job metrics of one process, registered by [New]. It is

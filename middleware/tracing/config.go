@@ -29,6 +29,11 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
+// Validate reports whether cfg is valid: every Config is (its zero fields
+// mean the defaults), so it returns nil. Constructors in this package
+// return their value, never an error, and never panic on a Config.
+func (cfg Config) Validate() error { return nil }
+
 // withDefaults returns cfg with its zero fields set to their defaults.
 func (cfg Config) withDefaults() Config {
 	if cfg.Propagator == nil {

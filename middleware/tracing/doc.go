@@ -36,7 +36,7 @@
 //
 //	messaging.system              "redis" (the conventions have no value for Redis Streams)
 //	messaging.destination.name    the stream
-//	messaging.consumer.group.name Config.Group, if set
+//	messaging.consumer.group.name the job's group (job.Group, set by the consumer)
 //	messaging.operation.type      "process"
 //	messaging.operation.name      "process"
 //	messaging.message.id          the entry ID
@@ -46,11 +46,18 @@
 //
 // and, when the chain returns, pelican.outcome: "ack", "retry", "snooze",
 // "dead_letter" (with pelican.dead_reason, including "exhausted" for a retry
-// on the last attempt, found with Config.MaxAttempts), or "abandoned" (the
-// consumer took the job back for shutdown or a lost lease; it stays pending
-// for another consumer). The outcome is computed from the returned error as
-// the consumer settles it. pelican.delay_ms is set when the handler chose
-// the delay of a retry or snooze.
+// on the last attempt), or "abandoned" (the consumer took the job back for
+// shutdown or a lost lease; it stays pending for another consumer), with
+// pelican.delay_ms on a retry or snooze. These are the consumer's own
+// decision, consumer.Decide over what the chain returned: the delay is the
+// one the consumer schedules, the limit the job's (job.AttemptLimit), and
+// nothing here derives them.
+//
+// The sampler is asked when the span starts, with the attributes known
+// before the job is read (messaging.system, the destination, the group and
+// the operation); the job's own attributes and the outcome are set only on
+// a span that records, so a job whose span the sampler drops costs next to
+// nothing here (no attributes built, no outcome computed).
 //
 // Only real failures are errors: a retry or dead-letter records the error
 // (span.RecordError) and sets status Error; an ack, a snooze (a deliberate
@@ -100,4 +107,7 @@
 // Middleware with a real SDK provider and no exporter
 // (sdktrace.NewTracerProvider()) measures the cost of tracing itself in a
 // benchmark; no other constructor is needed.
+//
+// Construction: [Middleware], [Around], [Handler] and [Producer] return
+// their value and never fail or panic on a [Config] (every Config is valid).
 package tracing
