@@ -332,11 +332,6 @@ func Decide(ctx context.Context, job *stream.Job, err error) Decision {
 		d.Attempt, d.MaxAttempts = job.Attempt+1, attemptLimit(job, pol.maxAttempts)
 	}
 	cause := context.Cause(ctx)
-	var (
-		o  *Outcome
-		p  *PanicError
-		ce *ClassifiedError
-	)
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
 		d.Kind = KindAbandoned
@@ -344,6 +339,22 @@ func Decide(ctx context.Context, job *stream.Job, err error) Decision {
 		d.Kind = KindAck
 	case errors.Is(cause, ErrShutdown), errors.Is(err, ErrShutdown), errors.Is(err, ErrLeaseLost):
 		d.Kind = KindAbandoned
+	default:
+		d.failed(job, err, pol)
+	}
+	return d
+}
+
+// failed decides about err, a failure of job's attempt. Its targets for
+// errors.As live here, off the path of a job that succeeded: each one is
+// an allocation.
+func (d *Decision) failed(job *stream.Job, err error, pol *policy) {
+	var (
+		o  *Outcome
+		p  *PanicError
+		ce *ClassifiedError
+	)
+	switch {
 	case errors.As(err, &o):
 		d.Err = o.err
 		switch o.kind {
@@ -374,7 +385,6 @@ func Decide(ctx context.Context, job *stream.Job, err error) Decision {
 	default:
 		d.retry(job, useBackoff, pol)
 	}
-	return d
 }
 
 // useBackoff asks Decision.retry for the policy's backoff delay.

@@ -55,3 +55,13 @@ func TestPanicError_Error(t *testing.T) {
 		t.Errorf("Error() = %q; want the value, then the stack", got)
 	}
 }
+
+// Decide runs for every job, twice or more with observers: on a job that
+// succeeded it allocates nothing.
+func TestDecide_successAllocatesNothing(t *testing.T) {
+	job := &stream.Job{ID: "j", EntryID: "1-0", Attempt: 1}
+	ctx := context.Background()
+	if n := testing.AllocsPerRun(100, func() { _ = consumer.Decide(ctx, job, nil) }); n != 0 {
+		t.Errorf("Decide of a success: %v allocations, want 0", n)
+	}
+}
