@@ -20,6 +20,7 @@ const (
 	DefaultIdleConsumerTimeout = time.Hour
 	DefaultMaxAttempts         = 25
 	DefaultMaxCrashes          = 3
+	DefaultPrefetch            = 100
 	DefaultPromoteInterval     = 500 * time.Millisecond
 	DefaultSettleTimeout       = 5 * time.Second
 	DefaultShutdownTimeout     = 30 * time.Second
@@ -123,6 +124,19 @@ type Config struct {
 	// MaxRuntime cancels a handler's context after this long. Defaults to 0:
 	// no limit.
 	MaxRuntime time.Duration
+	// Prefetch is how many entries, beyond those its Concurrency workers
+	// run, the consumer may hold read but not started, so that it reads in
+	// batches and a worker that finishes a job starts the next one at once.
+	// An entry held is pending under this consumer like a running job: the
+	// heartbeat extends its lease, it is not started (it is left for
+	// another consumer to take over) once its lease has ended, and shutdown
+	// gives it back without running it. The price is balance: a consumer
+	// holds up to Prefetch entries that an idle consumer of the group
+	// cannot take, so with long jobs on several consumers a small Prefetch
+	// spreads them better. Negative disables it: each read then takes only
+	// as many entries as there are free workers. Defaults to
+	// [DefaultPrefetch].
+	Prefetch int
 	// PromoteInterval is how often due jobs move from the delayed set back to
 	// the stream. Defaults to [DefaultPromoteInterval].
 	PromoteInterval time.Duration
@@ -250,6 +264,12 @@ func (c Config) resolve() (resolved, error) {
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
+	}
+	switch {
+	case c.Prefetch == 0:
+		c.Prefetch = DefaultPrefetch
+	case c.Prefetch < 0:
+		c.Prefetch = 0
 	}
 	if c.MaxCrashes == 0 {
 		c.MaxCrashes = DefaultMaxCrashes
