@@ -20,7 +20,6 @@ const (
 	DefaultIdleConsumerTimeout = time.Hour
 	DefaultMaxAttempts         = 25
 	DefaultMaxCrashes          = 3
-	DefaultPrefetch            = 100
 	DefaultPromoteInterval     = 500 * time.Millisecond
 	DefaultSettleTimeout       = 5 * time.Second
 	DefaultShutdownTimeout     = 30 * time.Second
@@ -133,9 +132,11 @@ type Config struct {
 	// gives it back without running it. The price is balance: a consumer
 	// holds up to Prefetch entries that an idle consumer of the group
 	// cannot take, so with long jobs on several consumers a small Prefetch
-	// spreads them better. Negative disables it: each read then takes only
-	// as many entries as there are free workers. Defaults to
-	// [DefaultPrefetch].
+	// spreads them better; and after a crash every job it held comes back a
+	// suspect (see MaxCrashes), so a large Prefetch makes recovery from
+	// repeated crashes slower. Negative disables it: each read then takes
+	// only as many entries as there are free workers. Defaults to
+	// Concurrency.
 	Prefetch int
 	// PromoteInterval is how often due jobs move from the delayed set back to
 	// the stream. Defaults to [DefaultPromoteInterval].
@@ -262,14 +263,14 @@ func (c Config) resolve() (resolved, error) {
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
 	switch {
 	case c.Prefetch == 0:
-		c.Prefetch = DefaultPrefetch
+		c.Prefetch = c.Concurrency
 	case c.Prefetch < 0:
 		c.Prefetch = 0
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
 	}
 	if c.MaxCrashes == 0 {
 		c.MaxCrashes = DefaultMaxCrashes
