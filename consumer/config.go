@@ -145,6 +145,21 @@ type Config struct {
 	// recovers panics where handlers run (the middleware need not).
 	// Defaults to [PanicDeadLetter].
 	Panic PanicPolicy
+	// Prefetch is how many entries, beyond those its Concurrency workers
+	// run, the consumer may hold read but not started, so that it reads in
+	// batches and a worker that finishes a job starts the next one at once.
+	// An entry held is pending under this consumer like a running job: the
+	// heartbeat extends its lease, it is not started (it is left for
+	// another consumer to take over) once its lease has ended, and shutdown
+	// gives it back without running it. The price is balance: a consumer
+	// holds up to Prefetch entries that an idle consumer of the group
+	// cannot take, so with long jobs on several consumers a small Prefetch
+	// spreads them better; and after a crash every job it held comes back a
+	// suspect (see MaxCrashes), so a large Prefetch makes recovery from
+	// repeated crashes slower. Negative disables it: each read then takes
+	// only as many entries as there are free workers. Defaults to
+	// Concurrency.
+	Prefetch int
 	// PromoteInterval is how often due jobs move from the delayed set back to
 	// the stream. Defaults to [DefaultPromoteInterval].
 	PromoteInterval time.Duration
@@ -272,6 +287,12 @@ func (c Config) resolve() (resolved, error) {
 	def(&c.IdleConsumerTimeout, DefaultIdleConsumerTimeout)
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
+	}
+	switch {
+	case c.Prefetch == 0:
+		c.Prefetch = c.Concurrency
+	case c.Prefetch < 0:
+		c.Prefetch = 0
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts

@@ -36,7 +36,9 @@ type Consumer struct {
 	r         resolved
 	chain     Handler
 	claimer   *claim.Claimer
-	slots     chan struct{}
+	slots     chan struct{}   // a token per worker slot free
+	room      chan struct{}   // a token per fresh job the consumer may take in (see takeRoom)
+	ready     chan *task      // fresh jobs queued for the workers
 	base      context.Context // parent of the handlers' contexts
 	ackCh     chan ackItem
 	retryCh   chan *retryReq // unbuffered: a send is taken by the retry loop
@@ -136,6 +138,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	for range r.Concurrency {
 		c.slots <- struct{}{}
 	}
+	c.room = make(chan struct{}, c.roomSize())
+	c.freeRoom(c.roomSize())
+	c.ready = make(chan *task, c.roomSize())
 	c.base = context.WithoutCancel(ctx)
 	c.ackCh = make(chan ackItem, 4*r.Concurrency+256)
 	c.retryCh = make(chan *retryReq)
@@ -171,6 +176,10 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	var runner sync.WaitGroup
 	intakeDone := make(chan struct{})
 	runner.Go(func() { c.runSuspects(work, intakeDone) })
+	var workers sync.WaitGroup
+	for range r.Concurrency {
+		workers.Go(func() { c.runWorker(work) })
+	}
 
 	var drainCtx context.Context
 	select {
@@ -182,10 +191,12 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	}
 	stopWork()
 	waitInterrupting(&loops, reader)
+	c.giveBackQueued()
 	close(intakeDone)
 	abandoned := c.drain(drainCtx)
-	// The suspect runner returns once its suspect has; a suspect whose
-	// handler ignores its context is abandoned like any other job.
+	// The suspect runner returns once its suspect has, and the workers once
+	// their jobs have; a handler that ignores its context is abandoned
+	// (drain waited for it already), and so is its worker.
 	runnerDone := make(chan struct{})
 	go func() {
 		runner.Wait()
@@ -193,6 +204,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	}()
 	if len(abandoned) == 0 {
 		<-runnerDone
+		workers.Wait()
 	} else {
 		select {
 		case <-runnerDone:
@@ -304,6 +316,38 @@ func (c *Consumer) drain(ctx context.Context) []string {
 		}
 	}
 	return abandoned
+}
+
+// giveBackQueued gives back, without running them, the fresh jobs still
+// queued for the workers once the read loop has stopped. (A worker that
+// takes one meanwhile gives it back itself.)
+func (c *Consumer) giveBackQueued() {
+	var queued []*task
+	for {
+		select {
+		case t := <-c.ready:
+			queued = append(queued, t)
+			continue
+		default:
+		}
+		break
+	}
+	if len(queued) == 0 {
+		return
+	}
+	ids := make([]string, len(queued))
+	for i, t := range queued {
+		ids[i] = t.id
+	}
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), 512)]
+		ids = ids[len(chunk):]
+		c.giveBack(chunk)
+	}
+	for _, t := range queued {
+		c.endTask(t)
+	}
+	c.freeRoom(len(queued))
 }
 
 func (c *Consumer) snapshot() []*task {

@@ -819,57 +819,72 @@ func TestConsumer_firstSuspectRunShared(t *testing.T) {
 
 func TestConsumer_Concurrency(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	const jobs = 12
-	for i := range jobs {
-		b.enqueue(t, "t", i)
-	}
-	b.cfg.Concurrency = 3
-	var running, most atomic.Int32
-	started := make(chan struct{}, jobs)
-	release := make(chan struct{})
-	releaseAll := sync.OnceFunc(func() { close(release) })
-	c := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
-		n := running.Add(1)
-		defer running.Add(-1)
-		for {
-			m := most.Load()
-			if n <= m || most.CompareAndSwap(m, n) {
-				break
+	// With every slot busy, no fourth job starts, and the consumer holds
+	// (pending, read but not started) no more than Prefetch entries beyond
+	// those it runs.
+	for _, tc := range []struct {
+		name     string
+		prefetch int
+		held     int64
+	}{{"Prefetch", 4, 3 + 4}, {"NoPrefetch", -1, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			const jobs = 12
+			for i := range jobs {
+				b.enqueue(t, "t", i)
 			}
-		}
-		started <- struct{}{}
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	}))
-	start(t, c)
-	t.Cleanup(releaseAll)
-	for range 3 {
-		recv(t, started, 5*time.Second, "three jobs to start")
-	}
-	// Watch for a while with every slot busy: no fourth job starts, and the
-	// consumer holds no more entries than it runs.
-	for end := time.Now().Add(150 * time.Millisecond); time.Now().Before(end); {
-		p, err := b.rdb.XPending(context.Background(), b.cfg.Stream, b.cfg.Group).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.Count != 3 || p.Consumers["c1"] != 3 {
-			t.Fatalf("XPENDING with three blocked handlers: %d pending, c1 has %d; want 3 and 3", p.Count, p.Consumers["c1"])
-		}
-		select {
-		case <-started:
-			t.Fatalf("a fourth job started while three were running")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	releaseAll()
-	waitFor(t, 5*time.Second, "every job acknowledged", func() bool { return c.Stats().Acked == jobs })
-	if m := most.Load(); m != 3 {
-		t.Errorf("at most %d handlers ran at once, want 3", m)
+			b.cfg.Concurrency = 3
+			b.cfg.Prefetch = tc.prefetch
+			var running, most atomic.Int32
+			started := make(chan struct{}, jobs)
+			release := make(chan struct{})
+			releaseAll := sync.OnceFunc(func() { close(release) })
+			c := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+				n := running.Add(1)
+				defer running.Add(-1)
+				for {
+					m := most.Load()
+					if n <= m || most.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				started <- struct{}{}
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil
+			}))
+			start(t, c)
+			t.Cleanup(releaseAll)
+			for range 3 {
+				recv(t, started, 5*time.Second, "three jobs to start")
+			}
+			waitFor(t, 5*time.Second, "the prefetch to fill", func() bool {
+				p, err := b.rdb.XPending(context.Background(), b.cfg.Stream, b.cfg.Group).Result()
+				return err == nil && p.Count >= tc.held
+			})
+			for end := time.Now().Add(150 * time.Millisecond); time.Now().Before(end); {
+				p, err := b.rdb.XPending(context.Background(), b.cfg.Stream, b.cfg.Group).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.Count != tc.held || p.Consumers["c1"] != tc.held {
+					t.Fatalf("XPENDING with three blocked handlers: %d pending, c1 has %d; want %d and %d", p.Count, p.Consumers["c1"], tc.held, tc.held)
+				}
+				select {
+				case <-started:
+					t.Fatalf("a fourth job started while three were running")
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			releaseAll()
+			waitFor(t, 5*time.Second, "every job acknowledged", func() bool { return c.Stats().Acked == jobs })
+			if m := most.Load(); m != 3 {
+				t.Errorf("at most %d handlers ran at once, want 3", m)
+			}
+		})
 	}
 }
 

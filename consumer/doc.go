@@ -5,8 +5,11 @@
 //	producer → stream → consumer (this package) → middleware → handler
 //	                        ⇅ claim (visibility timeout)
 //
-// A Consumer reads with XREADGROUP in batches sized to its free worker slots,
-// so it never holds a job it cannot start. A job is acknowledged only when its
+// A Consumer reads with XREADGROUP in batches into a queue that its
+// Concurrency workers run from, holding at most Concurrency + Prefetch fresh
+// jobs; a queued job keeps its lease like a running one, is not started once
+// its lease has ended, and is given back unstarted at shutdown (see
+// [Config.Prefetch]). A job is acknowledged only when its
 // outcome is final, and each outcome is one Lua script that first checks that
 // this consumer still owns the entry in the group's pending-entries list:
 //

@@ -166,3 +166,59 @@ func ExampleConfig_Validate() {
 	// consumer: Config.Backoff.Base (2h0m0s) must not exceed Backoff.Cap (1h0m0s)
 	// mymiddleware: Config.Limit (-1) must not be negative
 }
+
+// A consumer holds up to Prefetch jobs read but not started beyond the
+// Concurrency it runs: here 2 running and 3 queued, all pending under it
+// (their leases kept by the heartbeat), while the other 5 wait in the
+// stream for whichever consumer has room.
+func ExampleConfig_prefetch() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+
+	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: "{mail}:prefetch"})
+	for range 10 {
+		job, _ := stream.NewJob("email.send", email{To: "bob@example.com"})
+		if _, err := p.Enqueue(ctx, job); err != nil {
+			panic(err)
+		}
+	}
+	release := make(chan struct{})
+	c := consumer.New(rdb, consumer.Config{Stream: "{mail}:prefetch", Group: "senders", Consumer: "c1",
+		Concurrency: 2, Prefetch: 3, Logger: slog.New(slog.DiscardHandler)}).
+		Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			<-release
+			return nil
+		}))
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+
+	held := func() int64 {
+		pe, err := rdb.XPending(ctx, "{mail}:prefetch", "senders").Result()
+		if err != nil {
+			return 0
+		}
+		return pe.Count
+	}
+	for deadline := time.Now().Add(5 * time.Second); held() < 5 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println("held by the consumer:", held())
+	close(release)
+	for deadline := time.Now().Add(5 * time.Second); c.Stats().Acked < 10 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println("acknowledged:", c.Stats().Acked)
+	if err := c.Shutdown(ctx); err != nil {
+		panic(err)
+	}
+	<-done
+	// Output:
+	// held by the consumer: 5
+	// acknowledged: 10
+}

@@ -1,8 +1,10 @@
 package consumer
 
-// Intake: the read loop takes jobs into the consumer (its own pending entries
-// after a restart, new entries, entries reclaimed from dead workers), as many
-// as there are free worker slots.
+// Intake: the read loop takes jobs into the consumer: its own pending entries
+// after a restart and entries reclaimed from dead workers (suspects, see
+// suspect.go), as many as there are free worker slots, and new entries into
+// the workers' queue (work.go), as many as it has room for: Concurrency
+// running plus Prefetch queued.
 
 import (
 	"context"
@@ -27,18 +29,7 @@ func (c *Consumer) acquire(ctx context.Context, max int) int {
 }
 
 // tryAcquire takes up to max free slots without waiting.
-func (c *Consumer) tryAcquire(max int) int {
-	n := 0
-	for n < max {
-		select {
-		case <-c.slots:
-			n++
-		default:
-			return n
-		}
-	}
-	return n
-}
+func (c *Consumer) tryAcquire(max int) int { return tryTake(c.slots, max) }
 
 func (c *Consumer) release(n int) {
 	for range n {
@@ -48,11 +39,11 @@ func (c *Consumer) release(n int) {
 
 // readLoop is the consumer's one intake of work: it first re-reads this
 // consumer's own pending entries (left by an earlier run under the same
-// name), then reads new entries, each time as many as there are free slots,
-// and every SweepInterval sweeps for entries idle past the visibility
-// timeout. Reads and sweeps share the loop so that a blocked read never
-// holds the slots a sweep needs; a read blocks no longer than until the next
-// sweep is due.
+// name), then reads new entries into the workers' queue, each time as many
+// as it has room for (see takeRoom), and every SweepInterval sweeps for
+// entries idle past the visibility timeout. Reads and sweeps share the loop
+// so that a blocked read never holds the slots a sweep needs; a read blocks
+// no longer than until the next sweep is due.
 func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
 	var backoff backoff
 	after := "0"
@@ -92,22 +83,89 @@ func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
 	}
 }
 
+// roomSize is how many fresh entries the consumer may hold at once, running
+// or queued for a worker: Concurrency plus Prefetch.
+func (c *Consumer) roomSize() int { return c.r.Concurrency + c.r.Prefetch }
+
+// freeRoom returns n places in the workers' queue.
+func (c *Consumer) freeRoom(n int) {
+	for range n {
+		c.room <- struct{}{}
+	}
+}
+
+// takeRoom takes places for the entries of the next read: at least one,
+// waiting for it, and as many more as are free. While fresh jobs are still
+// queued for the workers (so no worker waits for the read), it waits until
+// half of the room is free, so that reads come in batches instead of one per
+// finished job. It returns 0 and true when the next sweep is due first, and
+// 0 and false when ctx is done.
+func (c *Consumer) takeRoom(ctx context.Context, until time.Time) (int, bool) {
+	size := c.roomSize()
+	n := tryTake(c.room, size)
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for n == 0 || (n < (size+1)/2 && len(c.ready) > 0) {
+		if timer == nil {
+			timer = time.NewTimer(time.Until(until))
+		}
+		select {
+		case <-c.room:
+			n += 1 + tryTake(c.room, size-n-1)
+		case <-ctx.Done():
+			c.freeRoom(n)
+			return 0, false
+		case <-timer.C:
+			if n == 0 {
+				return 0, true
+			}
+			return n, true // read what there is room for; the sweep follows
+		}
+	}
+	return n, true
+}
+
+// tryTake takes up to max tokens from ch without waiting.
+func tryTake(ch chan struct{}, max int) int {
+	n := 0
+	for n < max {
+		select {
+		case <-ch:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
+}
+
 // intake reads or sweeps once, holding the gate shared so that no fresh job
-// starts while a suspect waits to run alone. It returns false when the
+// is taken in while a suspect waits to run alone. It returns false when the
 // consumer stops.
 func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep *time.Time, backoff *backoff) bool {
-	c.gate.RLock()
-	defer c.gate.RUnlock()
-	n := c.acquire(ctx, c.r.Concurrency)
-	if n == 0 {
-		return false
-	}
 	if !time.Now().Before(*nextSweep) {
-		c.release(n)
+		c.gate.RLock()
 		c.sweep(ctx)
+		c.gate.RUnlock()
 		*nextSweep = time.Now().Add(c.r.SweepInterval)
 		return true
 	}
+	// The room is taken before the gate: a suspect waiting to run alone
+	// holds the gate until the fresh jobs running free their slots, and
+	// those jobs free room too.
+	n, ok := c.takeRoom(ctx, *nextSweep)
+	if !ok {
+		return false
+	}
+	if n == 0 {
+		return true
+	}
+	c.gate.RLock()
+	defer c.gate.RUnlock()
 	at := time.Now()
 	res, err := reader.read(ctx, &redis.XReadGroupArgs{
 		Group:    c.r.Group,
@@ -117,7 +175,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 		Block:    max(min(c.r.Block, time.Until(*nextSweep)), time.Millisecond),
 	})
 	if err != nil {
-		c.release(n)
+		c.freeRoom(n)
 		if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
 			c.readError(ctx, err, backoff)
 		}
@@ -128,7 +186,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 	if len(res) > 0 {
 		msgs = res[0].Messages
 	}
-	c.release(n - len(msgs))
+	c.freeRoom(n - len(msgs))
 	if ctx.Err() != nil {
 		// Read after the stop: give the entries back for the next sweep.
 		ids := make([]string, len(msgs))
@@ -136,11 +194,11 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 			ids[i] = m.ID
 		}
 		c.giveBack(ids)
-		c.release(len(msgs))
+		c.freeRoom(len(msgs))
 		return false
 	}
 	for _, m := range msgs {
-		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1, at: at})
+		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1, at: at}, true)
 	}
 	return true
 }
@@ -153,7 +211,7 @@ func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Ti
 		if i >= reserved {
 			<-c.slots // wait until a slot frees up
 		}
-		c.dispatch(delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at})
+		c.dispatch(delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at}, false)
 	}
 	if len(entries) < reserved {
 		c.release(reserved - len(entries))

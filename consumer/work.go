@@ -15,8 +15,11 @@ import (
 
 // task is one running job.
 type task struct {
-	id     string
-	job    *stream.Job
+	id  string
+	d   delivery
+	job *stream.Job
+	// ctx is the handler's context, cancelled with cancel.
+	ctx    context.Context
 	cancel context.CancelCauseFunc
 	lease  lease // guarded by Consumer.mu
 	// finished: the handler has returned and the job is being settled; no
@@ -46,22 +49,28 @@ type delivery struct {
 	at         time.Time // when the read that delivered it was sent
 }
 
-// dispatch starts a job for d. The caller holds a slot for it, which the
-// job's goroutine releases. The entry is decoded there too, so that the
-// read loop spends as little as possible per entry. An entry delivered
-// before is a suspect: it gives its slot back and waits for the suspect
-// runner (see suspect.go).
-func (c *Consumer) dispatch(d delivery) {
+// dispatch takes in the job of d. For a fresh delivery (a new entry read
+// by this consumer) the caller holds a place in the workers' queue (see
+// takeRoom), which the worker that runs the job frees; otherwise (the
+// consumer's own pending entries, entries reclaimed) it holds a worker slot.
+// An entry delivered before is a suspect: it gives its place or slot back
+// and waits for the suspect runner (see suspect.go). The entry is decoded by
+// the worker, so that the read loop spends as little as possible per entry.
+func (c *Consumer) dispatch(d delivery, fresh bool) {
+	free := c.release
+	if fresh {
+		free = c.freeRoom
+	}
 	if c.lateDelivery(d) {
-		c.release(1)
+		free(1)
 		return
 	}
 	// A job delivered again, or rescheduled by a suspect's run, is a
 	// suspect (see suspect.go).
 	suspect := d.deliveries > 1 || d.fields[stream.FieldSuspect] == "1"
-	t := &task{id: d.id, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: suspect, policy: &c.r.pol}
+	t := &task{id: d.id, d: d, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: suspect, policy: &c.r.pol}
 	ctx, cancel := context.WithCancelCause(context.WithValue(c.base, jobKey{}, t))
-	t.cancel = cancel
+	t.ctx, t.cancel = ctx, cancel
 	c.mu.Lock()
 	_, running := c.inflight[d.id]
 	if !running {
@@ -69,24 +78,94 @@ func (c *Consumer) dispatch(d delivery) {
 		c.trackLease(t)
 	}
 	c.mu.Unlock()
-	if running {
+	switch {
+	case running:
 		// This consumer's own sweep reclaimed a job it is still running or
 		// acknowledging (its heartbeat is disabled or failed): the entry is
 		// still ours and the running task settles it; a second copy must
 		// not start.
 		cancel(nil)
-		c.release(1)
-		return
-	}
-	if t.suspect {
-		c.release(1)
+		free(1)
+	case t.suspect:
+		free(1)
 		c.suspects.push(suspectRun{ctx: ctx, t: t, d: d})
+	case fresh:
+		c.ready <- t // never blocks: the queue has a place for every fresh job held
+	default:
+		go func() {
+			defer c.release(1)
+			c.work(ctx, t, d, "")
+		}()
+	}
+}
+
+// runWorker is one of the consumer's Concurrency workers: it runs fresh
+// jobs from the queue, one at a time, until ctx is done. A job queued when
+// ctx is done is given back without running.
+func (c *Consumer) runWorker(ctx context.Context) {
+	for {
+		select {
+		case t := <-c.ready:
+			c.runQueued(ctx, t)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// runQueued runs queued job t once it has a worker slot, unless the
+// consumer stopped (t is given back) or t's lease ended while it waited (t
+// is left for another consumer to take over). It takes the slot under the
+// gate, shared, so that no fresh job starts while a suspect waits to run
+// alone (see suspect.go).
+func (c *Consumer) runQueued(ctx context.Context, t *task) {
+	defer c.freeRoom(1)
+	slot := false
+	c.gate.RLock()
+	select {
+	case <-c.slots:
+		slot = true
+	case <-ctx.Done():
+	}
+	c.gate.RUnlock()
+	if slot {
+		defer c.release(1)
+	}
+	if ctx.Err() != nil {
+		c.giveBack([]string{t.id})
+		c.endTask(t)
 		return
 	}
-	go func() {
-		defer c.release(1)
-		c.work(ctx, t, d, "")
-	}()
+	if !c.startable(t) {
+		c.endTask(t)
+		return
+	}
+	c.work(t.ctx, t, t.d, "")
+}
+
+// startable reports whether queued job t may start: its lease has not
+// ended (the process may have stalled while it waited; its heartbeat may
+// have failed) and its entry is still in the stream.
+func (c *Consumer) startable(t *task) bool {
+	c.mu.Lock()
+	lost, orphaned := t.lease.lost, t.orphaned
+	ended := !time.Now().Before(c.leaseEnd(t))
+	if !lost && !orphaned && ended {
+		t.lease.lost = true
+	}
+	c.mu.Unlock()
+	switch {
+	case orphaned: // reported lost by the heartbeat
+		return false
+	case lost: // the lease watcher cancelled it, and logged that
+		return false
+	case ended:
+		c.stats.leaseLost.Add(1)
+		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "queued job's lease ended before a worker could start it; not starting it here",
+			c.entryAttrs(t.id, errKindLeaseLost, "")...)
+		return false
+	}
+	return true
 }
 
 // decode returns d's job, or the dead-letter reason and error of an entry

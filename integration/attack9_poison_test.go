@@ -26,6 +26,12 @@ func a9PoisonRun(t *testing.T, slots []string, newNames bool, maxCrashes int, po
 // a9PoisonRunDelay is a9PoisonRun with crashed workers kept down for delay
 // before their restart.
 func a9PoisonRunDelay(t *testing.T, slots []string, newNames bool, delay time.Duration, maxCrashes int, poison, innocents, sometimes []a9Job) {
+	a9PoisonRunWith(t, slots, newNames, delay, a9Config{MaxCrashes: maxCrashes, Concurrency: 6}, poison, innocents, sometimes)
+}
+
+// a9PoisonRunWith is a9PoisonRunDelay with the workers configured by cfg.
+func a9PoisonRunWith(t *testing.T, slots []string, newNames bool, delay time.Duration, cfg a9Config, poison, innocents, sometimes []a9Job) {
+	maxCrashes := cfg.MaxCrashes
 	s := newA9Scenario(t)
 	var jobs []a9Job
 	jobs = append(jobs, poison...)
@@ -37,7 +43,7 @@ func a9PoisonRunDelay(t *testing.T, slots []string, newNames bool, delay time.Du
 	innocentIDs := ids[len(poison) : len(poison)+len(innocents)]
 	sometimesIDs := ids[len(poison)+len(innocents):]
 
-	sv := s.a9Supervise(slots, a9Config{MaxCrashes: maxCrashes, Concurrency: 6}, newNames)
+	sv := s.a9Supervise(slots, cfg, newNames)
 	sv.delay = delay
 	sv.until(4*time.Minute, func() (bool, string) {
 		dead := s.a9DeadByJob()

@@ -38,6 +38,7 @@ type a9Config struct {
 
 	Visibility, Sweep, Heartbeat, Block, Shutdown time.Duration
 	Concurrency, MaxCrashes, MaxAttempts          int
+	Prefetch                                      int // 0: the default
 	KeepSettled                                   bool
 	DeadLetterMaxLen                              int64
 
@@ -189,6 +190,7 @@ func a9WorkerMain() int {
 		Block:             cfg.Block,
 		ShutdownTimeout:   cfg.Shutdown,
 		Concurrency:       cfg.Concurrency,
+		Prefetch:          cfg.Prefetch,
 		MaxCrashes:        cfg.MaxCrashes,
 		MaxAttempts:       cfg.MaxAttempts,
 		KeepSettled:       cfg.KeepSettled,

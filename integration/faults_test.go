@@ -463,6 +463,22 @@ func faultShutdown(t *testing.T, u time.Duration) (wider time.Duration) {
 
 	pel := faultPEL(t, s)
 	readAt := time.Now()
+	// Jobs enqueued after SIGTERM may have been read into a's queue
+	// (Config.Prefetch) before it stopped reading: they never started, and
+	// are given back, delivery count as it was.
+	unfinished := make(map[string]bool)
+	for _, id := range append(slices.Clone(long), stubborn) {
+		unfinished[entryOf[id]] = true
+	}
+	for id, p := range pel {
+		if unfinished[id] {
+			continue
+		}
+		if p.Consumer != "a" || p.RetryCount != 0 || p.Idle < visibility {
+			t.Errorf("entry %s pending as %+v; want it given back (a late job read into a's queue, never started)", id, p)
+		}
+		delete(pel, id)
+	}
 	if len(pel) != 4 {
 		t.Fatalf("PEL after the exit: %+v; want the 4 unfinished jobs", pel)
 	}

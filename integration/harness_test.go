@@ -115,6 +115,7 @@ type workerOpts struct {
 	Block       time.Duration
 	Shutdown    time.Duration
 	Concurrency int
+	Prefetch    int // 0: the default; negative disables
 	MaxCrashes  int
 }
 
@@ -160,6 +161,7 @@ func startWorker(t testing.TB, o workerOpts) *worker {
 		"PW_HEARTBEAT="+o.Heartbeat.String(), "PW_BLOCK="+o.Block.String(),
 		"PW_SHUTDOWN="+o.Shutdown.String(),
 		"PW_CONCURRENCY="+strconv.Itoa(o.Concurrency), "PW_MAX_CRASHES="+strconv.Itoa(o.MaxCrashes),
+		"PW_PREFETCH="+strconv.Itoa(o.Prefetch),
 	)
 	w := &worker{t: t, name: o.Consumer, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = w.stderr
@@ -348,6 +350,7 @@ func workerMain() int {
 		Block:             dur("PW_BLOCK"),
 		ShutdownTimeout:   dur("PW_SHUTDOWN"),
 		Concurrency:       num("PW_CONCURRENCY"),
+		Prefetch:          num("PW_PREFETCH"),
 		MaxCrashes:        num("PW_MAX_CRASHES"),
 		PromoteInterval:   50 * time.Millisecond,
 		Backoff:           consumer.Backoff{Base: 50 * time.Millisecond, Cap: 50 * time.Millisecond},

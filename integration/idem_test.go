@@ -205,6 +205,7 @@ func idemWorkerMain() int {
 		Block:             200 * time.Millisecond,
 		ShutdownTimeout:   2 * time.Second,
 		Concurrency:       max(num("PI_CONCURRENCY"), 1),
+		Prefetch:          num("PI_PREFETCH"),
 		MaxCrashes:        100,
 		PromoteInterval:   50 * time.Millisecond,
 		Backoff:           consumer.Backoff{Base: 50 * time.Millisecond, Cap: 50 * time.Millisecond},
@@ -308,6 +309,7 @@ type idemWorkerOpts struct {
 	CrashRate         float64
 	Seed              uint64
 	Concurrency       int // defaults to 8
+	Prefetch          int // 0: the default; negative disables
 }
 
 func (s *idemScenario) worker(name string, o idemWorkerOpts) *worker {
@@ -316,7 +318,7 @@ func (s *idemScenario) worker(name string, o idemWorkerOpts) *worker {
 		"PI_ADDR="+s.addr, "PI_STREAM="+s.stream, "PI_CONSUMER="+name, "PI_LEDGER="+s.ledger,
 		"PI_TABLE="+s.table, "PI_BIZ="+s.biz,
 		"PI_LEASE="+o.Lease.String(), "PI_VISIBILITY="+o.Visibility.String(),
-		"PI_CONCURRENCY="+strconv.Itoa(cmp.Or(o.Concurrency, 8)),
+		"PI_CONCURRENCY="+strconv.Itoa(cmp.Or(o.Concurrency, 8)), "PI_PREFETCH="+strconv.Itoa(o.Prefetch),
 		"PI_SEED="+strconv.FormatUint(o.Seed, 10), "PI_CRASH_RATE="+strconv.FormatFloat(o.CrashRate, 'f', -1, 64))
 }
 
@@ -648,8 +650,9 @@ func TestIdem_StaleOwnerCannotCommit(t *testing.T) {
 	t.Parallel()
 	s := newIdemScenario(t, true)
 	// a runs one job at a time with a 1 s lease, and stalls 3 s in it; b
-	// runs the duplicate for 4 s under a 10 s lease.
-	s.worker("a", idemWorkerOpts{Lease: time.Second, Visibility: 500 * time.Millisecond, Concurrency: 1})
+	// runs the duplicate for 4 s under a 10 s lease (a holds no job
+	// queued: Prefetch disabled, so that the duplicate goes to b).
+	s.worker("a", idemWorkerOpts{Lease: time.Second, Visibility: 500 * time.Millisecond, Concurrency: 1, Prefetch: -1})
 	s.enqueueKeys([]string{"op"}, idemPayload{StallMS: 3000, StallOn: "a"})
 	eventually(t, 10*time.Second, func() (bool, string) {
 		return idemCount(readIdemLedger(t, s.ledger), "stall") == 1, "worker a has not stalled"

@@ -245,8 +245,8 @@ func retryStorm(t *testing.T, ceiling time.Duration) (wider time.Duration) {
 	if want := uint64(len(attempts) - jobs); retried != want {
 		t.Errorf("consumers scheduled %d retries, want %d (handler calls %d - jobs %d)", retried, want, len(attempts), jobs)
 	}
-	if maxPEL > 2*concurrency {
-		t.Errorf("pending-entries list reached %d while the jobs failed, want at most the consumers' slots (%d)", maxPEL, 2*concurrency)
+	if held := int64(2 * (concurrency + concurrency)); maxPEL > held { // Prefetch defaults to Concurrency
+		t.Errorf("pending-entries list reached %d while the jobs failed, want at most what the consumers may hold (%d: Concurrency + Prefetch each)", maxPEL, held)
 	}
 
 	cmds := total1 - total0 - (calls1["ping"] - calls0["ping"]) // not the stall watch's
