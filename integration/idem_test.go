@@ -338,7 +338,7 @@ type idemWorkerOpts struct {
 	Lease, Visibility time.Duration
 	CrashRate         float64
 	Seed              uint64
-	Concurrency       int // defaults to 8
+	Concurrency       int           // defaults to 8
 	Lock              time.Duration // PI_LOCK: Lock fused with Idempotency, with this TTL
 	Points            string        // PI_POINTS: the crash points, a comma list (all by default)
 }
