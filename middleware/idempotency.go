@@ -3,7 +3,7 @@ package middleware
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,12 +47,17 @@ type IdempotencyConfig struct {
 	// under another owner is snoozed, jittered to between 0.75 and 1.25
 	// times. Defaults to [DefaultIdempotencyInProgressDelay].
 	InProgressDelay time.Duration
-	// Lease is how long a processing record is held. It must exceed the
-	// handler's longest run (the consumer's MaxRuntime, or a Timeout
-	// middleware's limit): a record whose lease passes is taken over by the
-	// next delivery of the key, and the operation runs twice. A crashed
-	// worker's record is taken over after it. Defaults to
-	// [DefaultIdempotencyLease].
+	// Lease is how long a processing record is held. With an
+	// idem.RedisStore it is renewed every Lease/3 while the handler runs
+	// (by one watchdog per redis client, with the locks), so it bounds how
+	// long the record of a crashed or stalled worker stays taken; if a
+	// renewal finds the record taken over, the handler's context is
+	// cancelled with a cause matching idem.ErrNotOwner. With other stores
+	// it is not renewed and must exceed the handler's longest run (the
+	// consumer's MaxRuntime, or a Timeout middleware's limit): a record
+	// whose lease passes is taken over by the next delivery of the key, and
+	// the operation runs twice. A crashed worker's record is taken over
+	// after it. Defaults to [DefaultIdempotencyLease].
 	Lease time.Duration
 	// Logger receives the store errors that do not change the job's
 	// outcome (a failed Release: the lease frees the record). Defaults to
@@ -398,9 +403,11 @@ func idemTruncate(s string) string {
 	return s[:idemMaxReason]
 }
 
-// idemOwner returns a fresh owner token for one delivery of job.
+// idemOwner returns a fresh owner token for one delivery of job: its entry
+// ID and 48 random bits (8 characters: the owner is kept in every record,
+// for the record's retention, so it is short).
 func idemOwner(job *stream.Job) string {
-	var b [8]byte
+	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return job.EntryID + ":" + hex.EncodeToString(b[:])
+	return job.EntryID + ":" + base64.RawURLEncoding.EncodeToString(b[:])
 }

@@ -18,16 +18,18 @@ var (
 
 // Op is one operation of ops.lua: its keys (all in one slot) and arguments.
 type Op struct {
-	keys []string
-	args []any
-	slot int
+	keys  []string
+	args  []any
+	slot  int
+	grows bool // may need memory: sent apart from those that free it (OOM)
 }
 
 // Slot returns the cluster slot of the operation's keys.
 func (o *Op) Slot() int { return o.slot }
 
 func newOp(code string, keys []string, args ...any) *Op {
-	return &Op{keys: keys, args: append([]any{code}, args...), slot: keyslot.Of(keys[0])}
+	grows := code == "la" || code == "rb" || code == "gb"
+	return &Op{keys: keys, args: append([]any{code}, args...), slot: keyslot.Of(keys[0]), grows: grows}
 }
 
 // Ms formats d as whole milliseconds, at least 1.

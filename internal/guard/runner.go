@@ -130,7 +130,11 @@ func (r *Runner) Do(ctx context.Context, op *Op) (any, error) {
 }
 
 // Send runs ops at once, one script call per cluster slot, the calls in
-// one pipeline, and returns each operation's reply and error.
+// one pipeline, and returns each operation's reply and error. Operations
+// that take (a lock, a record) go in other script calls than those that
+// finish, release or extend: under maxmemory Redis refuses a script whose
+// first write needs memory, and the latter must still run then (their
+// first write is a PEXPIRE or a DEL).
 func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	replies, errs := make([]any, len(ops)), make([]error, len(ops))
 	if len(ops) == 0 {
@@ -140,10 +144,14 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	var order []int
 	groups := map[int][]int{}
 	for i, op := range ops {
-		if _, ok := groups[op.slot]; !ok {
-			order = append(order, op.slot)
+		g := op.slot * 2
+		if op.grows {
+			g++
 		}
-		groups[op.slot] = append(groups[op.slot], i)
+		if _, ok := groups[g]; !ok {
+			order = append(order, g)
+		}
+		groups[g] = append(groups[g], i)
 	}
 	type sent struct {
 		idx  []int
@@ -162,29 +170,29 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 		}
 		calls = append(calls, s)
 	}
-	run := func(eval bool) {
-		if len(calls) == 1 && !eval {
-			s := calls[0]
-			s.cmd = opsScript.Run(ctx, r.rdb, s.keys, s.args...)
-			return
-		}
+	if len(calls) == 1 {
+		s := calls[0]
+		s.cmd = opsScript.Run(ctx, r.rdb, s.keys, s.args...) // EVALSHA, EVAL on NOSCRIPT
+	} else {
 		pipe := r.rdb.Pipeline()
 		for _, s := range calls {
-			if eval {
-				s.cmd = opsScript.Eval(ctx, pipe, s.keys, s.args...)
-			} else {
-				s.cmd = opsScript.EvalSha(ctx, pipe, s.keys, s.args...)
-			}
+			s.cmd = opsScript.EvalSha(ctx, pipe, s.keys, s.args...)
 		}
 		_, _ = pipe.Exec(ctx)
-	}
-	run(false)
-	if len(calls) > 1 {
+		// The script is not cached on some node (a restart): send those
+		// calls again with the script, only those (the others ran).
+		var again []*sent
 		for _, s := range calls {
 			if err := s.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-				run(true)
-				break
+				again = append(again, s)
 			}
+		}
+		if len(again) > 0 {
+			pipe := r.rdb.Pipeline()
+			for _, s := range again {
+				s.cmd = opsScript.Eval(ctx, pipe, s.keys, s.args...)
+			}
+			_, _ = pipe.Exec(ctx)
 		}
 	}
 	for _, s := range calls {

@@ -90,6 +90,12 @@ func (r *Runner) Drop(l *Lease) bool {
 	}
 	l.held = false
 	delete(w.leases, l)
+	if len(w.leases) == 0 { // let the loop end now, not at its next tick
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
 	return true
 }
 
