@@ -184,6 +184,7 @@ type idemHandler struct {
 	store     idem.Store
 	cfg       IdempotencyConfig
 	next      consumer.Handler
+	ns        nsCache
 	redis     bool          // store is an *idem.RedisStore: its leases are renewed
 	runner    *guard.Runner // the RedisStore's
 	retention time.Duration // the RedisStore's
@@ -195,7 +196,7 @@ func (h *idemHandler) recordKey(job *stream.Job) (string, error) {
 	if key == "" {
 		return "", nil
 	}
-	prefix, err := namespace(h.cfg.Prefix, job, idemPrefix)
+	prefix, err := h.ns.get(h.cfg.Prefix, job, idemPrefix)
 	if err != nil {
 		return "", err
 	}

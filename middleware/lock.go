@@ -117,7 +117,7 @@ func Lock(rdb redis.UniversalClient, cfg LockConfig) consumer.Middleware {
 	locks := &lockClients{rdb: rdb, runner: guard.Of(rdb)}
 	return func(next consumer.Handler) consumer.Handler {
 		if ih, ok := next.(*idemHandler); ok && ih.redis && ih.runner == locks.runner {
-			return &fusedHandler{cfg: cfg, locks: locks, idem: ih}
+			return &fusedHandler{cfg: cfg, locks: locks, idem: ih, plain: lockHandler{cfg: cfg, locks: locks, next: ih}}
 		}
 		return &lockHandler{cfg: cfg, locks: locks, next: next}
 	}
@@ -130,6 +130,7 @@ type lockClients struct {
 	rdb    redis.UniversalClient
 	runner *guard.Runner
 	byPfx  sync.Map // prefix -> *lockx.Client
+	ns     nsCache
 }
 
 func (c *lockClients) of(prefix string) *lockx.Client {
@@ -155,7 +156,7 @@ func (h *lockHandler) lockOf(job *stream.Job) (c *lockx.Client, key, redisKey st
 	if key == "" {
 		return nil, "", "", nil
 	}
-	prefix, err := namespace(h.cfg.Prefix, job, lockPrefix)
+	prefix, err := h.locks.ns.get(h.cfg.Prefix, job, lockPrefix)
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -221,11 +222,12 @@ type fusedHandler struct {
 	cfg   LockConfig
 	locks *lockClients
 	idem  *idemHandler
+	plain lockHandler // the two steps apart
 }
 
 // Process implements consumer.Handler.
 func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
-	lh := &lockHandler{cfg: h.cfg, locks: h.locks, next: h.idem}
+	lh := &h.plain
 	_, key, lockKey, err := lh.lockOf(job)
 	if err != nil || key == "" {
 		return lh.Process(ctx, job)
@@ -266,10 +268,17 @@ func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
 		if !ok { // the handler released the lock itself
 			return h.idem.settle(sctx, recKey, owner, act, val)
 		}
-		st := map[idemAction]string{idemComplete: "c", idemFail: "f", idemRelease: "r"}[act]
-		if act == idemNone {
+		var st string
+		switch act {
+		case idemNone:
 			_, err := r.Do(sctx, guard.LockRelease(rk, value, ttl))
 			return err
+		case idemComplete:
+			st = "c"
+		case idemFail:
+			st = "f"
+		default:
+			st = "r"
 		}
 		v, err := r.Do(sctx, guard.FinishRelease(rk, value, ttl, recKey, st, owner, val, h.idem.retention))
 		if err != nil {

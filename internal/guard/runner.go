@@ -143,7 +143,22 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	// Group by slot, keeping each group's order.
 	var order []int
 	groups := map[int][]int{}
+	one := true // the usual case: every operation in one group
+	for _, op := range ops[1:] {
+		if op.slot != ops[0].slot || op.grows != ops[0].grows {
+			one = false
+			break
+		}
+	}
 	for i, op := range ops {
+		if one {
+			if i == 0 {
+				order = append(order, 0)
+				groups[0] = make([]int, len(ops))
+			}
+			groups[0][i] = i
+			continue
+		}
 		g := op.slot * 2
 		if op.grows {
 			g++
