@@ -43,8 +43,10 @@
 //     its own transaction ([SQLStore.CompleteTx]) and a middleware that
 //     completes afterwards agree.
 //
-// Two stores ship: [RedisStore] (one hash per key, atomic Lua scripts, one
-// key per script so it works on Redis Cluster) and [SQLStore] (one table
+// Two stores ship: [RedisStore] (one short string per key; each operation
+// atomic on its one key, the operations of concurrent callers batched in one
+// script call per cluster slot, so it works on Redis Cluster; leases renewed
+// while the middleware's handler runs) and [SQLStore] (one table
 // with the key as primary key, PostgreSQL SQL over database/sql). Only the
 // SQL store can commit the completion in the same transaction as the
 // business write ([SQLStore.CompleteTx]): for database side effects that is

@@ -2,11 +2,12 @@ package idem
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/guard"
 )
 
 // Defaults of [RedisConfig] and [SQLConfig].
@@ -17,22 +18,6 @@ const (
 	DefaultTable = "pelican_idempotency"
 )
 
-var (
-	//go:embed begin.lua
-	beginLua string
-	//go:embed finish.lua
-	finishLua string
-	//go:embed release.lua
-	releaseLua string
-	//go:embed forget.lua
-	forgetLua string
-
-	beginScript   = redis.NewScript(beginLua)
-	finishScript  = redis.NewScript(finishLua)
-	releaseScript = redis.NewScript(releaseLua)
-	forgetScript  = redis.NewScript(forgetLua)
-)
-
 // RedisConfig configures [NewRedisStore].
 type RedisConfig struct {
 	// Retention is how long completed and failed records are kept (their
@@ -40,19 +25,23 @@ type RedisConfig struct {
 	Retention time.Duration
 }
 
-// RedisStore is a [Store] in Redis: one hash per key holding status, owner,
-// result and reason. The record of key k is the Redis key k itself:
+// RedisStore is a [Store] in Redis: one string per key, as small as the
+// record allows. A processing record is "p" followed by its owner, with the
+// lease as TTL; a finished one is "c" (completed) or "f" (failed), the
+// owner's length and ':', the owner, then the result (or the reason), with
+// the retention as TTL. The record of key k is the Redis key k itself:
 // middleware.Idempotency gives keys in the job's queue namespace
 // ("{orders}:idem:invoice-1", in the stream's cluster slot), or under the
-// prefix its configuration shares across queues. A processing record's TTL
-// is its lease, a finished
-// record's TTL the retention, so Redis expires both and nothing needs
-// purging. Every operation is one Lua script on one key, so the store works
-// on Redis Cluster. Records must not be evicted: run Redis with
-// maxmemory-policy noeviction. Leases are Redis TTLs, measured by the server:
-// on miniredis they pass only when the test moves its clock (FastForward).
+// prefix its configuration shares across queues. Redis expires both kinds,
+// so nothing needs purging. Operations of concurrent callers on one redis
+// client are sent together, one script call per cluster slot in one round
+// trip; each operation is atomic on its one key, so the store works on
+// Redis Cluster. Records must not be evicted: run Redis with
+// maxmemory-policy noeviction. Leases are Redis TTLs, measured by the
+// server: on miniredis they pass only when the test moves its clock
+// (FastForward).
 type RedisStore struct {
-	rdb       redis.UniversalClient
+	r         *guard.Runner
 	retention time.Duration
 }
 
@@ -61,11 +50,22 @@ func NewRedisStore(rdb redis.UniversalClient, cfg RedisConfig) *RedisStore {
 	if cfg.Retention <= 0 {
 		cfg.Retention = DefaultRetention
 	}
-	return &RedisStore{rdb: rdb, retention: cfg.Retention}
+	return &RedisStore{r: guard.Of(rdb), retention: cfg.Retention}
 }
 
 // Retention returns how long finished records are kept.
 func (s *RedisStore) Retention() time.Duration { return s.retention }
+
+func init() {
+	guard.StoreOf = func(store any) (*guard.Runner, time.Duration, bool) {
+		s, ok := store.(*RedisStore)
+		if !ok {
+			return nil, 0, false
+		}
+		return s.r, s.retention, true
+	}
+	guard.BeginOutcome = func(v any) (any, string, error) { return parseBegin(v) }
+}
 
 // Begin implements [Store].
 func (s *RedisStore) Begin(ctx context.Context, key, owner string, lease time.Duration) (Outcome, error) {
@@ -75,25 +75,25 @@ func (s *RedisStore) Begin(ctx context.Context, key, owner string, lease time.Du
 	if err := checkLease(lease); err != nil {
 		return Outcome{}, err
 	}
-	v, err := beginScript.Run(ctx, s.rdb, []string{key}, owner, lease.Milliseconds()).Slice()
+	v, err := s.r.Do(ctx, guard.RecordBegin(key, owner, lease))
 	if err != nil {
 		return Outcome{}, fmt.Errorf("idem: begin %q: %w", key, err)
 	}
-	if len(v) != 4 {
-		return Outcome{}, fmt.Errorf("idem: begin %q: unexpected reply %v", key, v)
+	o, _, err := parseBegin(v)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("idem: begin %q: %w", key, err)
 	}
-	f := make([]string, 4)
-	for i, x := range v {
-		str, ok := x.(string)
-		if !ok {
-			return Outcome{}, fmt.Errorf("idem: begin %q: unexpected reply %v", key, v)
-		}
-		f[i] = str
+	return o, nil
+}
+
+// parseBegin returns the Outcome of a begin reply of the guard script, and
+// its fourth field (the fence of a fused lock-and-begin).
+func parseBegin(v any) (Outcome, string, error) {
+	f, err := guard.Strings(v, 4)
+	if err != nil {
+		return Outcome{}, "", err
 	}
-	o := Outcome{Owner: f[1], Reason: f[3]}
-	if f[2] != "" {
-		o.Result = []byte(f[2])
-	}
+	o := Outcome{Owner: f[1]}
 	switch f[0] {
 	case "started":
 		o.Status = StatusStarted
@@ -101,34 +101,39 @@ func (s *RedisStore) Begin(ctx context.Context, key, owner string, lease time.Du
 		o.Status = StatusInProgress
 	case "completed":
 		o.Status = StatusCompleted
+		if f[2] != "" {
+			o.Result = []byte(f[2])
+		}
 	case "failed":
 		o.Status = StatusFailed
+		o.Reason = f[2]
 	default:
-		return Outcome{}, fmt.Errorf("idem: begin %q: record has unknown status %q", key, f[0])
+		return Outcome{}, "", fmt.Errorf("record has unknown status %q", f[0])
 	}
-	return o, nil
+	return o, f[3], nil
 }
 
 // Complete implements [Store].
 func (s *RedisStore) Complete(ctx context.Context, key, owner string, result []byte) error {
-	return s.finish(ctx, key, owner, "completed", "result", result)
+	return s.finish(ctx, key, owner, "c", result)
 }
 
 // Fail implements [Store].
 func (s *RedisStore) Fail(ctx context.Context, key, owner, reason string) error {
-	return s.finish(ctx, key, owner, "failed", "reason", []byte(reason))
+	return s.finish(ctx, key, owner, "f", []byte(reason))
 }
 
-func (s *RedisStore) finish(ctx context.Context, key, owner, status, field string, val []byte) error {
+var finishNames = map[string]string{"c": "completed", "f": "failed"}
+
+func (s *RedisStore) finish(ctx context.Context, key, owner, status string, val []byte) error {
 	if err := checkArgs(key, owner); err != nil {
 		return err
 	}
-	n, err := finishScript.Run(ctx, s.rdb, []string{key},
-		owner, status, field, val, max(s.retention.Milliseconds(), 1)).Int()
+	v, err := s.r.Do(ctx, guard.RecordFinish(key, owner, status, val, s.retention))
 	if err != nil {
-		return fmt.Errorf("idem: %s %q: %w", status, key, err)
+		return fmt.Errorf("idem: %s %q: %w", finishNames[status], key, err)
 	}
-	if n != 1 {
+	if n, _ := guard.Int(v); n != 1 {
 		return ErrNotOwner
 	}
 	return nil
@@ -139,11 +144,11 @@ func (s *RedisStore) Release(ctx context.Context, key, owner string) error {
 	if err := checkArgs(key, owner); err != nil {
 		return err
 	}
-	n, err := releaseScript.Run(ctx, s.rdb, []string{key}, owner).Int()
+	v, err := s.r.Do(ctx, guard.RecordRelease(key, owner))
 	if err != nil {
 		return fmt.Errorf("idem: release %q: %w", key, err)
 	}
-	if n != 1 {
+	if n, _ := guard.Int(v); n != 1 {
 		return ErrNotOwner
 	}
 	return nil
@@ -154,9 +159,14 @@ func (s *RedisStore) Forget(ctx context.Context, key string, status Status) (boo
 	if err := checkForget(key, status); err != nil {
 		return false, err
 	}
-	n, err := forgetScript.Run(ctx, s.rdb, []string{key}, status.String()).Int()
+	letter := "c"
+	if status == StatusFailed {
+		letter = "f"
+	}
+	v, err := s.r.Do(ctx, guard.RecordForget(key, letter))
 	if err != nil {
 		return false, fmt.Errorf("idem: forget %q: %w", key, err)
 	}
+	n, _ := guard.Int(v)
 	return n == 1, nil
 }

@@ -99,8 +99,14 @@ func TestRedisStore_key(t *testing.T) {
 	if _, err := store.Begin(t.Context(), key, "a", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := rdb.HGet(t.Context(), key, "status").Result(); st != "processing" {
-		t.Errorf("Redis key %q has status %q, want the processing record", key, st)
+	if v, _ := rdb.Get(t.Context(), key).Result(); v != "pa" {
+		t.Errorf("Redis key %q holds %q, want the processing record of a (\"pa\")", key, v)
+	}
+	if err := store.Complete(t.Context(), key, "a", []byte("r:1")); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := rdb.Get(t.Context(), key).Result(); v != "c1:ar:1" {
+		t.Errorf("Redis key %q holds %q, want the completed record \"c1:ar:1\"", key, v)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,8 +53,13 @@ type idemPayload struct {
 	StallOn string `json:"stall_on,omitempty"`
 }
 
-// Crash points of the idempotency worker.
-var idemCrashPoints = []string{"before", "after_insert", "after_commit"}
+// Crash points of the idempotency worker. With PI_LOCK (a lock TTL), the
+// worker runs middleware.Lock directly outside Idempotency (fused with it:
+// one script takes the lock and begins the record, one finishes the record
+// and releases the lock), with the job's idempotency key as lock key, and
+// can also crash at "after_finish": after both, before the acknowledgement.
+// PI_POINTS limits the crash points to a comma list.
+var idemCrashPoints = []string{"before", "after_insert", "after_commit", "after_finish"}
 
 func idemWorkerMain() int {
 	env := os.Getenv
@@ -103,11 +109,15 @@ func idemWorkerMain() int {
 	rate, _ := strconv.ParseFloat(env("PI_CRASH_RATE"), 64)
 	var rmu sync.Mutex
 	rng := rand.New(rand.NewPCG(seed, uint64(os.Getpid())))
+	points := idemCrashPoints
+	if env("PI_POINTS") != "" {
+		points = strings.Split(env("PI_POINTS"), ",")
+	}
 	crashPoint := func() string {
 		rmu.Lock()
 		defer rmu.Unlock()
-		for _, p := range idemCrashPoints {
-			if rng.Float64() < rate {
+		for _, p := range points {
+			if p != "after_finish" && rng.Float64() < rate {
 				return p
 			}
 		}
@@ -194,6 +204,27 @@ func idemWorkerMain() int {
 			record("hit", job.IdempotencyKey, job, string(result))
 		},
 	})
+	mws := []consumer.Middleware{observe, idemMW}
+	if env("PI_LOCK") != "" {
+		afterFinish := func(next consumer.Handler) consumer.Handler {
+			return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+				err := next.Process(ctx, job)
+				if err == nil {
+					record("finished", job.IdempotencyKey, job, "")
+				}
+				rmu.Lock()
+				c := slices.Contains(points, "after_finish") && rng.Float64() < rate
+				rmu.Unlock()
+				if err == nil && c {
+					crash("after_finish", job.IdempotencyKey, job, "")
+				}
+				return err
+			})
+		}
+		lock := middleware.Lock(rdb, middleware.LockConfig{TTL: dur("PI_LOCK"), ConflictDelay: 100 * time.Millisecond,
+			Key: func(j *stream.Job) string { return j.IdempotencyKey }})
+		mws = []consumer.Middleware{observe, afterFinish, lock, idemMW}
+	}
 	visibility := dur("PI_VISIBILITY")
 	c := consumer.New(rdb, consumer.Config{
 		Stream:            env("PI_STREAM"),
@@ -210,7 +241,7 @@ func idemWorkerMain() int {
 		PromoteInterval:   50 * time.Millisecond,
 		Backoff:           consumer.Backoff{Base: 50 * time.Millisecond, Cap: 50 * time.Millisecond},
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}).Use(observe, idemMW).Handle(handler)
+	}).Use(mws...).Handle(handler)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	if err := c.Run(ctx); err != nil {
@@ -308,8 +339,10 @@ type idemWorkerOpts struct {
 	Lease, Visibility time.Duration
 	CrashRate         float64
 	Seed              uint64
-	Concurrency       int // defaults to 8
-	Prefetch          int // 0: the default; negative disables
+	Concurrency       int           // defaults to 8
+	Prefetch          int           // 0: the default; negative disables
+	Lock              time.Duration // PI_LOCK: Lock fused with Idempotency, with this TTL
+	Points            string        // PI_POINTS: the crash points, a comma list (all by default)
 }
 
 func (s *idemScenario) worker(name string, o idemWorkerOpts) *worker {
@@ -319,7 +352,15 @@ func (s *idemScenario) worker(name string, o idemWorkerOpts) *worker {
 		"PI_TABLE="+s.table, "PI_BIZ="+s.biz,
 		"PI_LEASE="+o.Lease.String(), "PI_VISIBILITY="+o.Visibility.String(),
 		"PI_CONCURRENCY="+strconv.Itoa(cmp.Or(o.Concurrency, 8)), "PI_PREFETCH="+strconv.Itoa(o.Prefetch),
-		"PI_SEED="+strconv.FormatUint(o.Seed, 10), "PI_CRASH_RATE="+strconv.FormatFloat(o.CrashRate, 'f', -1, 64))
+		"PI_SEED="+strconv.FormatUint(o.Seed, 10), "PI_CRASH_RATE="+strconv.FormatFloat(o.CrashRate, 'f', -1, 64),
+		"PI_LOCK="+idemLockEnv(o.Lock), "PI_POINTS="+o.Points)
+}
+
+func idemLockEnv(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return d.String()
 }
 
 // enqueueKeys enqueues one job per key, with payload p.
@@ -356,10 +397,12 @@ func (s *idemScenario) record(key string) (status string, expires time.Time) {
 		}
 		return status, expires
 	}
-	status, err := s.rdb.HGet(ctx, s.prefix+key, "status").Result()
+	v, err := s.rdb.Get(ctx, s.prefix+key).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		s.t.Fatal(err)
 	}
+	// The record's first letter is its status (see idem.RedisStore).
+	status = map[string]string{"p": "processing", "c": "completed", "f": "failed"}[v[:min(len(v), 1)]]
 	at, err := s.rdb.PExpireTime(ctx, s.prefix+key).Result()
 	if err != nil {
 		s.t.Fatal(err)
@@ -424,7 +467,8 @@ func TestIdem_SQLCompleteTxSurvivesSIGKILL(t *testing.T) {
 	s.enqueueKeys(keys, idemPayload{})
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	opts := idemWorkerOpts{Lease: time.Second, Visibility: 500 * time.Millisecond, CrashRate: 0.01, Seed: seed}
+	opts := idemWorkerOpts{Lease: time.Second, Visibility: 500 * time.Millisecond, CrashRate: 0.01, Seed: seed,
+		Points: "before,after_insert,after_commit"}
 	const slots = 2
 	workers := make([]*worker, slots)
 	restarts := 0
@@ -470,7 +514,7 @@ func TestIdem_SQLCompleteTxSurvivesSIGKILL(t *testing.T) {
 	rows, dups := s.bizRows()
 	ev := readIdemLedger(t, s.ledger)
 	crashes := map[string]int{}
-	for _, p := range idemCrashPoints {
+	for _, p := range strings.Split(opts.Points, ",") {
 		crashes[p] = idemCount(ev, "crash_"+p)
 	}
 	t.Logf("%d jobs in %v: %d restarts, crashes %v, %d effects, %d hits, %d snoozes, %d not-owner",
@@ -493,6 +537,106 @@ func TestIdem_SQLCompleteTxSurvivesSIGKILL(t *testing.T) {
 	if idemCount(ev, "hit") == 0 {
 		t.Errorf("no idempotency hit: a crash after commit must be redelivered and acked as a hit")
 	}
+}
+
+// TestIdem_FusedLockSurvivesSIGKILL: Lock fused with Idempotency on Redis
+// (one script locks and begins, one completes and releases), workers
+// SIGKILLed at random before the effect (after the first script) and after
+// both scripts (before the acknowledgement): every operation completes with
+// an effect, none has an effect after its completion script ran (a crash
+// after it is redelivered as a hit), a crash before the effect is taken
+// over once the lock and the lease pass, and no lock is left held. (A kill
+// also ends the other jobs of the process, some between their effect and
+// their completion: those run again, at least once, as documented.)
+func TestIdem_FusedLockSurvivesSIGKILL(t *testing.T) {
+	t.Parallel()
+	s := newIdemScenario(t, false)
+	const n = 300
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("op-%04d", i)
+	}
+	s.enqueueKeys(keys, idemPayload{})
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	opts := idemWorkerOpts{Lease: time.Second, Lock: time.Second, Visibility: 500 * time.Millisecond, CrashRate: 0.02,
+		Seed: seed, Points: "before,after_finish"}
+	const slots = 2
+	workers := make([]*worker, slots)
+	restarts := 0
+	for i := range workers {
+		opts.Seed = seed + uint64(i)
+		workers[i] = s.worker(fmt.Sprintf("w%d", i), opts)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if done, _ := s.settled(); done {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, msg := s.settled()
+			t.Fatalf("not done after 2 minutes: %s, %d restarts", msg, restarts)
+		}
+		for i, w := range workers {
+			select {
+			case <-w.done:
+				if !w.killed() {
+					t.Fatalf("worker %d exited by itself: %v", i, w.err)
+				}
+				restarts++
+				opts.Seed = seed + uint64(slots*restarts+i)
+				workers[i] = s.worker(fmt.Sprintf("w%d", i), opts)
+			default:
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, w := range workers {
+		w.term()
+	}
+	for _, w := range workers {
+		_ = w.wait(10 * time.Second)
+	}
+	ev := readIdemLedger(t, s.ledger)
+	effects := map[string]int{}
+	finished := map[string]bool{} // by idempotency key
+	for _, e := range ev {
+		switch e.Event {
+		case "effect":
+			k := strings.TrimPrefix(e.Key, s.prefix)
+			if finished[k] {
+				t.Errorf("operation %s had an effect (by %s) after its completion script ran", k, e.Consumer)
+			}
+			effects[e.Key]++
+		case "finished":
+			finished[e.Key] = true
+		}
+	}
+	t.Logf("%d jobs: %d restarts, crashes before %d, after finish %d; %d effects, %d hits, %d snoozes",
+		n, restarts, idemCount(ev, "crash_before"), idemCount(ev, "crash_after_finish"), idemCount(ev, "effect"),
+		idemCount(ev, "hit"), idemCount(ev, "snooze"))
+	for _, k := range keys {
+		if effects[s.prefix+k] == 0 {
+			t.Errorf("operation %s had no effect", k)
+		}
+		status, _ := s.record(k)
+		if status != "completed" {
+			t.Errorf("operation %s: record %q, want completed", k, status)
+		}
+		// A lock is "<fence> <token>" while held, the fence alone after.
+		if v, _ := s.rdb.Get(context.Background(), s.keys.Lock+"{"+k+"}").Result(); strings.Contains(v, " ") {
+			if d, _ := s.rdb.PTTL(context.Background(), s.keys.Lock+"{"+k+"}").Result(); d > 0 {
+				t.Errorf("operation %s: its lock is still held (%v left) after every job settled", k, d)
+			}
+		}
+	}
+	if idemCount(ev, "crash_before") == 0 || idemCount(ev, "crash_after_finish") == 0 {
+		t.Errorf("crash points not all exercised (seed %d)", seed)
+	}
+	if idemCount(ev, "hit") == 0 {
+		t.Errorf("no idempotency hit: a crash after the completion must be redelivered and acked as a hit")
+	}
+	t.Cleanup(func() { redistest.DeleteKeys(s.rdb, s.keys.Lock+"*") })
 }
 
 // TestIdem_DuplicateEnqueuesOneEffect: the same business operation enqueued

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/lockx"
 	"github.com/pelicanqueue/pelican/middleware"
@@ -150,8 +151,10 @@ func lockMutexMain() int {
 // started together, and on (a busy machine) until each has made 100
 // acquisitions and met 100 conflicts; no critical section ever finds
 // another holder of its key inside, and each key's fencing tokens, in the
-// order the critical sections ran, are 1, 2, 3, ...: one per acquisition,
-// none shared.
+// order the critical sections ran, strictly increase: one per acquisition,
+// none shared (the two processes share one Redis clock, and fences of
+// acquisitions within one microsecond of each other follow the previous
+// fence of the key).
 func TestLock_mutualExclusion(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Shared(t)
@@ -197,11 +200,14 @@ func TestLock_mutualExclusion(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var last int64
 		for i, f := range fences {
-			if f != strconv.Itoa(i+1) {
-				t.Errorf("key %s: critical section %d has fencing token %s, want %d", key, i+1, f, i+1)
+			n, err := strconv.ParseInt(f, 10, 64)
+			if err != nil || n <= last {
+				t.Errorf("key %s: critical section %d has fencing token %s, not above the previous %d", key, i+1, f, last)
 				break
 			}
+			last = n
 		}
 		seen += int64(len(fences))
 	}
@@ -248,6 +254,11 @@ func lockWorkerMain() int {
 			return consumer.Dead(consumer.ReasonPermanent, errors.New("no lock in the context"))
 		}
 		event(ctx, "start %s %d %d", me, job.Deliveries, l.Fence())
+		if c, ok := idem.ClaimFromContext(ctx); ok {
+			if err := rdb.Set(ctx, prefix+"owner:"+me, c.Owner, 0).Err(); err != nil {
+				return err
+			}
+		}
 		<-time.After(sleep)
 		ok2, err := lockLedgerScript.Run(context.WithoutCancel(ctx), rdb,
 			[]string{prefix + "{ledger}:last", prefix + "{ledger}:log"}, l.Fence(), me).Bool()
@@ -289,7 +300,12 @@ func lockWorkerMain() int {
 	}).Use(middleware.Lock(rdb, middleware.LockConfig{ // locks in the queue's namespace
 		TTL:           lockEnvDur("LW_TTL"),
 		ConflictDelay: 100 * time.Millisecond,
-	})).Handle(handler)
+	}))
+	if os.Getenv("LW_IDEM") == "true" { // fused with the lock: records in the queue's namespace
+		c.Use(middleware.Idempotency(idem.NewRedisStore(rdb, idem.RedisConfig{}), middleware.IdempotencyConfig{
+			Lease: lockEnvDur("LW_TTL"), Missing: middleware.MissingUseJobID, InProgressDelay: 100 * time.Millisecond}))
+	}
+	c.Handle(handler)
 	_, report := watchStalls(rdb)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
@@ -307,6 +323,7 @@ func lockWorkerMain() int {
 // lockScenario is a stream with group "g" (its locks are in its namespace),
 // a key prefix for the ledger, and lock-worker processes.
 type lockScenario struct {
+	idem   bool // workers run Idempotency (Redis store, record per job) inside Lock: fused
 	t      *testing.T
 	rdb    *redis.Client
 	stream string
@@ -339,7 +356,7 @@ func newLockScenario(t *testing.T) *lockScenario {
 func (s *lockScenario) worker(name string, ttl, vis, sleep time.Duration) *worker {
 	w := startSubprocess(s.t, "lock-worker", "LW_ADDR="+redistest.Addr(), "LW_PREFIX="+s.prefix,
 		"LW_STREAM="+s.stream, "LW_CONSUMER="+name, "LW_TTL="+ttl.String(), "LW_VIS="+vis.String(),
-		"LW_SLEEP="+sleep.String())
+		"LW_SLEEP="+sleep.String(), "LW_IDEM="+strconv.FormatBool(s.idem))
 	w.name = name
 	return w
 }
@@ -490,17 +507,36 @@ func TestLock_renewal(t *testing.T) {
 // The second worker must keep its own lock through its handler: a run in
 // which it went TTL/3 or longer without a Redis reply (a busy machine) and
 // lost it checked nothing of that and is repeated with a wider TTL.
+//
+// With Idempotency inside the Lock (fused: one script locks and begins the
+// record, one completes it and releases the lock), the record's lease
+// passes too: b takes it over and completes it, and a's completion and
+// release, thawed, change neither b's record nor b's lock.
 func TestLock_fencingAfterStall(t *testing.T) {
 	t.Parallel()
+	for _, withIdem := range []bool{false, true} {
+		t.Run("idempotency="+strconv.FormatBool(withIdem), func(t *testing.T) {
+			t.Parallel()
+			lockFencingAfterStall(t, withIdem)
+		})
+	}
+}
+
+func lockFencingAfterStall(t *testing.T, withIdem bool) {
 	redistest.Widen(t, "ttl", 300*time.Millisecond, func(t *testing.T, ttl time.Duration) time.Duration {
 		s := newLockScenario(t)
+		s.idem = withIdem
 		vis, sleep := 2*ttl, ttl*10/3
 		a := s.worker("a", ttl, vis, sleep)
 		s.enqueue("K")
-		s.waitEvent("start a 1 1", time.Minute)
+		startA := s.waitEvent("start a 1 ", time.Minute)
 		a.stop()
 		b := s.worker("b", ttl, vis, sleep)
-		s.waitEvent("start b 2 ", time.Minute)
+		startB := s.waitEvent("start b 2 ", time.Minute)
+		fa, fb := strings.TrimPrefix(startA, "start a 1 "), strings.TrimPrefix(startB, "start b 2 ")
+		if na, nb := lockFenceOf(t, fa), lockFenceOf(t, fb); nb <= na {
+			t.Fatalf("b's fence %d is not above a's %d", nb, na)
+		}
 		s.waitEvent("write b ", time.Minute)
 		a.cont()
 		s.waitEvent("write a ", time.Minute)
@@ -522,18 +558,36 @@ func TestLock_fencingAfterStall(t *testing.T) {
 			t.Logf("the run checked nothing: worker b went %v without a Redis reply, TTL/3 = %v, and lost its lock; events %q", stallB, ttl/3, ev)
 			return 4 * stallB
 		}
-		wantA := []string{"start a 1 1", "write a 1 refused"}
+		wantA := []string{"start a 1 " + fa, "write a " + fa + " refused"}
 		if len(evA) != 3 || !slices.Equal(evA[:2], wantA) || !strings.HasPrefix(evA[2], "lost a: "+lockx.ErrLockLost.Error()) {
 			t.Errorf("worker a's events %q; want %q then its lock reported lost", evA, wantA)
 		}
-		if wantB := []string{"start b 2 2", "write b 2 accepted", "held b"}; !slices.Equal(evB, wantB) {
+		if wantB := []string{"start b 2 " + fb, "write b " + fb + " accepted", "held b"}; !slices.Equal(evB, wantB) {
 			t.Errorf("worker b's events %q, want %q (b's longest stall %v)", evB, wantB, stallB)
 		}
-		if slices.Index(ev, "write b 2 accepted") > slices.Index(ev, "write a 1 refused") {
+		if slices.Index(ev, "write b "+fb+" accepted") > slices.Index(ev, "write a "+fa+" refused") {
 			t.Errorf("events %q: a wrote before b", ev)
 		}
-		if l := s.ledger(); !slices.Equal(l, []string{"b:2"}) {
-			t.Errorf("ledger %q, want only b's write with fencing token 2", l)
+		if l := s.ledger(); !slices.Equal(l, []string{"b:" + fb}) {
+			t.Errorf("ledger %q, want only b's write with fencing token %s", l, fb)
+		}
+		if withIdem {
+			// b's completed record, "c<n>:<b's owner>" (no result), and b's
+			// released lock (its fence alone, until it expires) are b's:
+			// a, thawed, changed neither.
+			ctx := t.Context()
+			ownerB := s.rdb.Get(ctx, s.prefix+"owner:b").Val()
+			keys, _ := stream.KeysFor(s.stream)
+			recs, _ := s.rdb.Keys(ctx, keys.Idem+"*").Result()
+			if len(recs) != 1 {
+				t.Fatalf("records %q, want the job's", recs)
+			}
+			if v := s.rdb.Get(ctx, recs[0]).Val(); v != "c"+strconv.Itoa(len(ownerB))+":"+ownerB {
+				t.Errorf("record %q holds %q, want completed by b (%s)", recs[0], v, ownerB)
+			}
+			if v, err := s.rdb.Get(ctx, keys.Lock+"{K}").Result(); err == nil && v != fb {
+				t.Errorf("lock holds %q after b released it, want b's fence %s alone", v, fb)
+			}
 		}
 		sa := lockStop(t, a)
 		if sa.Acked != 0 || sa.Stale+sa.LeaseLost == 0 {
@@ -548,6 +602,16 @@ func TestLock_fencingAfterStall(t *testing.T) {
 		}
 		return 0
 	})
+}
+
+// lockFenceOf parses a fencing token of an event.
+func lockFenceOf(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatalf("fencing token %q: %v", s, err)
+	}
+	return n
 }
 
 // lockCleanup deletes every key under prefix.

@@ -85,7 +85,7 @@ func TestNamespace_perQueueByDefault(t *testing.T) {
 	// Every key lives in its queue's namespace.
 	ctx := t.Context()
 	for _, q := range []*teamQueue{p, o} {
-		for _, k := range []string{q.keys.Idem + "invoice-1", q.keys.Lock + "{customer-7}:fence", q.keys.Rate + "rated"} {
+		for _, k := range []string{q.keys.Idem + "invoice-1", q.keys.Lock + "{customer-7}", q.keys.Rate + "rated"} {
 			if n, err := tm.rdb.Exists(ctx, k).Result(); err != nil || n != 1 {
 				t.Errorf("queue %s: key %q exists %d, %v; want it in the queue's namespace", q.name, k, n, err)
 			}
@@ -132,7 +132,7 @@ func TestNamespace_explicitPrefixShares(t *testing.T) {
 	tm.waitSnoozed(over)
 
 	ctx := t.Context()
-	for _, k := range []string{shared + "idem:invoice-1", shared + "lock:{customer-7}:fence", shared + "rate:rated"} {
+	for _, k := range []string{shared + "idem:invoice-1", shared + "lock:{customer-7}", shared + "rate:rated"} {
 		if n, err := tm.rdb.Exists(ctx, k).Result(); err != nil || n != 1 {
 			t.Errorf("shared key %q exists %d, %v", k, n, err)
 		}

@@ -20,6 +20,7 @@ func Example() {
 		panic(err)
 	}
 	defer m.Close()
+	m.SetTime(time.Unix(1700000000, 0)) // Redis TIME, the fences' baseline
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer rdb.Close()
 	ctx := context.Background()
@@ -46,7 +47,7 @@ func Example() {
 	defer l.Release(ctx)
 	fmt.Println("next holder's fencing token", l.Fence())
 	// Output:
-	// holding customer:7 with fencing token 1
+	// holding customer:7 with fencing token 1700000000000000
 	// second holder: lockx: not obtained true
-	// next holder's fencing token 2
+	// next holder's fencing token 1700000000000001
 }

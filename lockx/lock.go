@@ -3,28 +3,70 @@ package lockx
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pelicanqueue/pelican/internal/guard"
 )
 
 // Lock is a lock taken by [Client.TryAcquire] or [Client.Acquire]. Its
 // methods are safe for concurrent use.
 type Lock struct {
-	c        *Client
+	r        *guard.Runner
 	key      string
 	redisKey string
 	token    string
 	fence    int64
+	value    string // what the lock's Redis key holds: "<fence> <token>"
 
-	ttl        atomic.Int64 // time.Duration of the last acquire or Extend
-	validUntil atomic.Int64 // Unix ns: when the lock expires at the latest unless extended
+	ttl   atomic.Int64 // time.Duration of the last acquire or Extend
+	lease guard.Lease  // renewal by the Runner's watchdog
 
-	mu      sync.Mutex
-	lost    chan struct{} // closed with err set
-	err     error
-	stop    chan struct{} // closed by Release to stop KeepAlive
-	renewer chan struct{} // closed when the KeepAlive goroutine has returned
+	mu       sync.Mutex
+	lost     chan struct{} // closed with err set
+	err      error
+	onLost   []context.CancelCauseFunc
+	kept     bool // KeepAlive was called
+	released bool
+	setAt    time.Time // when the last acquire or Extend was sent
+}
+
+func init() {
+	guard.AdoptLock = func(r *guard.Runner, key, redisKey, token, fence string, ttl time.Duration, sent time.Time) any {
+		l, err := newLock(r, key, redisKey, token, fence, ttl, sent)
+		if err != nil {
+			return err
+		}
+		return l
+	}
+	guard.TakeRelease = func(lock any) (string, string, time.Duration, bool) {
+		l := lock.(*Lock)
+		if !l.takeRelease() {
+			return "", "", 0, false
+		}
+		return l.redisKey, l.value, time.Duration(l.ttl.Load()), true
+	}
+}
+
+func newLock(r *guard.Runner, key, redisKey, token, fence string, ttl time.Duration, sent time.Time) (*Lock, error) {
+	f, err := strconv.ParseInt(fence, 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("lockx: acquire %q: fence %q: %w", key, fence, err)
+	}
+	l := &Lock{r: r, key: key, redisKey: redisKey, token: token, fence: f, value: guard.LockValue(fence, token),
+		lost: make(chan struct{}), setAt: sent}
+	l.ttl.Store(int64(ttl))
+	l.lease.Renew = func(ttl time.Duration) *guard.Op { return guard.LockExtend(l.redisKey, l.value, ttl) }
+	l.lease.OnLost = func(err error) {
+		if err == nil {
+			l.markLost(fmt.Errorf("%w: %q is no longer held", ErrLockLost, l.key))
+			return
+		}
+		l.markLost(fmt.Errorf("%w: %q could not be renewed before its TTL ran out: %w", ErrLockLost, l.key, err))
+	}
+	return l, nil
 }
 
 // Key returns the key the lock was taken on.
@@ -33,16 +75,21 @@ func (l *Lock) Key() string { return l.key }
 // Token returns the lock's random holder token.
 func (l *Lock) Token() string { return l.token }
 
-// Fence returns the lock's fencing token: a number that grows with every
-// acquisition of the key. Pass it to the resource the lock protects, which
-// should refuse writes with a token lower than one it has already seen
-// (see the package documentation).
+// Fence returns the lock's fencing token: a number larger than the fence
+// of every earlier acquisition of the key (see the package documentation
+// for the exact guarantee). Pass it to the resource the lock protects,
+// which should refuse writes with a token lower than one it has already
+// seen.
 func (l *Lock) Fence() int64 { return l.fence }
 
 // TTL returns how long the lock has left, or [ErrNotHeld] if it is no
 // longer the caller's.
 func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
-	ms, err := pttlScript.Run(ctx, l.c.rdb, []string{l.redisKey}, l.token).Int64()
+	v, err := l.r.Do(ctx, guard.LockTTL(l.redisKey, l.value))
+	if err != nil {
+		return 0, fmt.Errorf("lockx: ttl %q: %w", l.key, err)
+	}
+	ms, err := guard.Int(v)
 	if err != nil {
 		return 0, fmt.Errorf("lockx: ttl %q: %w", l.key, err)
 	}
@@ -61,55 +108,61 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("lockx: ttl (%v) must be at least 1ms", ttl)
 	}
 	sent := time.Now()
-	n, err := extendScript.Run(ctx, l.c.rdb, []string{l.redisKey}, l.token, ttlArg(ttl)).Int64()
+	v, err := l.r.Do(ctx, guard.LockExtend(l.redisKey, l.value, ttl))
 	if err != nil {
 		return fmt.Errorf("lockx: extend %q: %w", l.key, err)
 	}
-	if n != 1 {
+	if n, _ := guard.Int(v); n != 1 {
+		l.r.Drop(&l.lease)
 		l.markLost(fmt.Errorf("%w: %q is no longer held", ErrLockLost, l.key))
 		return ErrNotHeld
 	}
 	l.ttl.Store(int64(ttl))
-	l.validUntil.Store(sent.Add(ttl).UnixNano())
+	l.mu.Lock()
+	l.setAt = sent
+	l.mu.Unlock()
+	l.r.Renewed(&l.lease, sent, ttl)
 	return nil
 }
 
-// Release stops the lock's renewal and deletes the lock if it is still the
-// caller's (compare-and-delete). It returns [ErrNotHeld] if the lock had
-// expired or was already released: the lock of another holder is never
-// deleted.
-func (l *Lock) Release(ctx context.Context) error {
+// takeRelease stops renewal and marks the lock released; false if it was.
+func (l *Lock) takeRelease() bool {
 	l.mu.Lock()
-	if l.stop == nil {
-		l.stop = make(chan struct{})
-		close(l.stop)
-	} else {
-		select {
-		case <-l.stop:
-		default:
-			close(l.stop)
-		}
+	defer l.mu.Unlock()
+	if l.released {
+		return false
 	}
-	renewer := l.renewer
-	l.mu.Unlock()
-	if renewer != nil {
-		<-renewer
+	l.released = true
+	l.r.Drop(&l.lease)
+	return true
+}
+
+// Release stops the lock's renewal and releases the lock if it is still
+// the caller's (compare-and-release), leaving its fence behind for the
+// lock's TTL (see the package documentation). It returns [ErrNotHeld] if
+// the lock had expired or was already released: the lock of another
+// holder is never touched.
+func (l *Lock) Release(ctx context.Context) error {
+	if !l.takeRelease() {
+		return ErrNotHeld
 	}
-	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.redisKey}, l.token).Int64()
+	v, err := l.r.Do(ctx, guard.LockRelease(l.redisKey, l.value, time.Duration(l.ttl.Load())))
 	if err != nil {
 		return fmt.Errorf("lockx: release %q: %w", l.key, err)
 	}
-	if n != 1 {
+	if n, _ := guard.Int(v); n != 1 {
 		return ErrNotHeld
 	}
 	return nil
 }
 
-// KeepAlive starts renewing the lock every TTL/3 (with Extend) until
-// Release is called or ctx is done, and returns at once. When a renewal
-// finds the lock gone, or renewals fail (Redis unreachable) until the lock
-// may have expired, renewal stops and [Lock.Lost] is closed. Calls after
-// the first, or after Release, do nothing.
+// KeepAlive has the lock renewed every TTL/3 (as Extend does) until
+// Release is called or ctx is done, and returns at once. Renewal is done by
+// one watchdog per redis client, which renews every lock kept alive in one
+// round trip per tick: no goroutine or timer per lock. When a renewal finds
+// the lock gone, or renewals fail (Redis unreachable) until the lock may
+// have expired, renewal stops and [Lock.Lost] is closed. Calls after the
+// first, or after Release, do nothing.
 //
 // Renewal shortens the time another process can take the lock of a holder
 // that is still working, but cannot make it zero: a holder that stalls
@@ -117,43 +170,35 @@ func (l *Lock) Release(ctx context.Context) error {
 // documentation on fencing.
 func (l *Lock) KeepAlive(ctx context.Context) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stop != nil {
+	if l.kept || l.released || l.err != nil {
+		l.mu.Unlock()
 		return
 	}
-	l.stop = make(chan struct{})
-	l.renewer = make(chan struct{})
-	go l.renew(ctx, l.stop, l.renewer)
+	l.kept = true
+	sent := l.setAt
+	l.mu.Unlock()
+	l.r.Hold(&l.lease, sent, time.Duration(l.ttl.Load()))
+	if ctx.Done() != nil {
+		context.AfterFunc(ctx, func() { l.r.Drop(&l.lease) })
+	}
 }
 
-func (l *Lock) renew(ctx context.Context, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	for {
-		interval := max(time.Duration(l.ttl.Load())/3, time.Millisecond)
-		t := time.NewTimer(interval)
-		select {
-		case <-stop:
-			t.Stop()
-			return
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		rctx, cancel := context.WithTimeout(ctx, interval)
-		err := l.Extend(rctx, time.Duration(l.ttl.Load()))
-		cancel()
-		switch {
-		case err == nil:
-		case l.Err() != nil: // not held: Extend closed Lost
-			return
-		case ctx.Err() != nil:
-			return
-		case time.Now().UnixNano() >= l.validUntil.Load():
-			l.markLost(fmt.Errorf("%w: %q could not be renewed before its TTL ran out: %w", ErrLockLost, l.key, err))
-			return
-		}
+// Guard returns a copy of ctx that carries l ([FromContext]) and is
+// cancelled, with [Lock.Err] as its cause, when l is lost, and the
+// function that cancels it. It starts no goroutine: call KeepAlive for the
+// lock to be renewed (and its loss noticed) while the work runs.
+func (l *Lock) Guard(ctx context.Context) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancelCause(NewContext(ctx, l))
+	l.mu.Lock()
+	if l.err != nil {
+		err := l.err
+		l.mu.Unlock()
+		cancel(err)
+		return gctx, func() { cancel(nil) }
 	}
+	l.onLost = append(l.onLost, cancel)
+	l.mu.Unlock()
+	return gctx, func() { cancel(nil) }
 }
 
 // Lost returns a channel that is closed when the lock is known to be lost:
@@ -171,10 +216,17 @@ func (l *Lock) Err() error {
 
 func (l *Lock) markLost(err error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err == nil {
-		l.err = err
-		close(l.lost)
+	if l.err != nil {
+		l.mu.Unlock()
+		return
+	}
+	l.err = err
+	close(l.lost)
+	cancels := l.onLost
+	l.onLost = nil
+	l.mu.Unlock()
+	for _, c := range cancels {
+		c(err)
 	}
 }
 

@@ -3,17 +3,16 @@ package lockx
 import (
 	"context"
 	crand "crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelicanqueue/pelican/internal/guard"
 	"github.com/pelicanqueue/pelican/internal/keyslot"
 )
 
@@ -32,25 +31,8 @@ var (
 	// closed: renewal found the lock gone, or could not renew it for a
 	// whole TTL.
 	ErrLockLost = errors.New("lockx: lock lost")
-	// ErrInvalidKey: the key is empty, or its lock and fencing counter
-	// would not share a cluster slot.
+	// ErrInvalidKey: the key is empty.
 	ErrInvalidKey = errors.New("lockx: invalid key")
-)
-
-var (
-	//go:embed acquire.lua
-	acquireLua string
-	//go:embed release.lua
-	releaseLua string
-	//go:embed extend.lua
-	extendLua string
-	//go:embed pttl.lua
-	pttlLua string
-
-	acquireScript = redis.NewScript(acquireLua)
-	releaseScript = redis.NewScript(releaseLua)
-	extendScript  = redis.NewScript(extendLua)
-	pttlScript    = redis.NewScript(pttlLua)
 )
 
 // Config configures a [Client].
@@ -74,9 +56,11 @@ func (c Config) Validate() error {
 }
 
 // Client takes locks on one Redis (single node, Sentinel or Cluster). It is
-// safe for concurrent use.
+// safe for concurrent use. Every Client of one redis client shares one
+// batcher (the commands of concurrent callers go in one round trip) and one
+// watchdog (it renews every lock kept alive in one round trip per tick).
 type Client struct {
-	rdb    redis.UniversalClient
+	r      *guard.Runner
 	prefix string
 }
 
@@ -89,21 +73,16 @@ func New(rdb redis.UniversalClient, cfg Config) *Client {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
-	return &Client{rdb: rdb, prefix: cfg.Prefix}
+	return &Client{r: guard.Of(rdb), prefix: cfg.Prefix}
 }
 
-// keys returns the Redis keys of key's lock and fencing counter.
-func (c *Client) keys(key string) (lock, fence string, err error) {
+// RedisKey returns the Redis key of key's lock, or an error matching
+// [ErrInvalidKey] for an empty key.
+func (c *Client) RedisKey(key string) (string, error) {
 	if key == "" {
-		return "", "", fmt.Errorf("%w: empty key", ErrInvalidKey)
+		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
 	}
-	lock = c.prefix + "{" + key + "}"
-	fence = lock + ":fence"
-	if keyslot.Of(lock) != keyslot.Of(fence) {
-		return "", "", fmt.Errorf("%w %q: its lock and fencing counter would hash to different cluster slots under the prefix %q (a key starting with '}' under a prefix without a hash tag)",
-			ErrInvalidKey, key, c.prefix)
-	}
-	return lock, fence, nil
+	return c.prefix + "{" + key + "}", nil
 }
 
 // TryAcquire takes the lock of key for ttl if nobody holds it, and returns
@@ -111,7 +90,7 @@ func (c *Client) keys(key string) (lock, fence string, err error) {
 // [Lock.KeepAlive] is called. ttl is rounded down to milliseconds and must
 // be at least 1 ms.
 func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
-	lockKey, fenceKey, err := c.keys(key)
+	lockKey, err := c.RedisKey(key)
 	if err != nil {
 		return nil, err
 	}
@@ -120,18 +99,16 @@ func (c *Client) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	}
 	token := newToken()
 	sent := time.Now()
-	fence, err := acquireScript.Run(ctx, c.rdb, []string{lockKey, fenceKey}, token, ttlArg(ttl)).Int64()
+	v, err := c.r.Do(ctx, guard.LockAcquire(lockKey, token, ttl))
 	if err != nil {
 		// The script may have run (a lost reply): the lock then expires.
 		return nil, fmt.Errorf("lockx: acquire %q: %w", key, err)
 	}
-	if fence == 0 {
+	fence, ok := v.(string)
+	if !ok {
 		return nil, ErrNotObtained
 	}
-	l := &Lock{c: c, key: key, redisKey: lockKey, token: token, fence: fence, lost: make(chan struct{})}
-	l.ttl.Store(int64(ttl))
-	l.validUntil.Store(sent.Add(ttl).UnixNano())
-	return l, nil
+	return newLock(c.r, key, lockKey, token, fence, ttl, sent)
 }
 
 // AcquireOptions configures [Client.Acquire].
@@ -195,5 +172,3 @@ func newToken() string {
 	_, _ = crand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
 	return hex.EncodeToString(b[:])
 }
-
-func ttlArg(ttl time.Duration) string { return strconv.FormatInt(ttl.Milliseconds(), 10) }

@@ -106,7 +106,7 @@
 // job's stream by stream.KeysFor and sharing its hash tag, as the
 // dead-letter and delayed keys do. For queue "orders":
 //
-//	{orders}:lock:{<key>}   locks (and {orders}:lock:{<key>}:fence)
+//	{orders}:lock:{<key>}   locks (one key each, fence included)
 //	{orders}:idem:<key>     idempotency records (with a Redis store)
 //	{orders}:rate:<key>     rate limits
 //	{orders}:limit:<key>    distributed concurrency limits

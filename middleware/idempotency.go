@@ -3,7 +3,7 @@ package middleware
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/idem"
+	"github.com/pelicanqueue/pelican/internal/guard"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -46,12 +47,17 @@ type IdempotencyConfig struct {
 	// under another owner is snoozed, jittered to between 0.75 and 1.25
 	// times. Defaults to [DefaultIdempotencyInProgressDelay].
 	InProgressDelay time.Duration
-	// Lease is how long a processing record is held. It must exceed the
-	// handler's longest run (the consumer's MaxRuntime, or a Timeout
-	// middleware's limit): a record whose lease passes is taken over by the
-	// next delivery of the key, and the operation runs twice. A crashed
-	// worker's record is taken over after it. Defaults to
-	// [DefaultIdempotencyLease].
+	// Lease is how long a processing record is held. With an
+	// idem.RedisStore it is renewed every Lease/3 while the handler runs
+	// (by one watchdog per redis client, with the locks), so it bounds how
+	// long the record of a crashed or stalled worker stays taken; if a
+	// renewal finds the record taken over, the handler's context is
+	// cancelled with a cause matching idem.ErrNotOwner. With other stores
+	// it is not renewed and must exceed the handler's longest run (the
+	// consumer's MaxRuntime, or a Timeout middleware's limit): a record
+	// whose lease passes is taken over by the next delivery of the key, and
+	// the operation runs twice. A crashed worker's record is taken over
+	// after it. Defaults to [DefaultIdempotencyLease].
 	Lease time.Duration
 	// Logger receives the store errors that do not change the job's
 	// outcome (a failed Release: the lease frees the record). Defaults to
@@ -166,81 +172,194 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 		}
 	}
 	return func(next consumer.Handler) consumer.Handler {
-		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) (err error) {
-			key := IdempotencyKey(job, cfg.Missing)
-			if key == "" {
-				return next.Process(ctx, job)
+		h := &idemHandler{store: store, cfg: cfg, next: next}
+		h.runner, h.retention, h.redis = guard.StoreOf(store)
+		return h
+	}
+}
+
+// idemHandler is the handler Idempotency returns; Lock recognizes it as its
+// next handler to fuse its lock with the record (see fusedHandler).
+type idemHandler struct {
+	store     idem.Store
+	cfg       IdempotencyConfig
+	next      consumer.Handler
+	ns        nsCache
+	redis     bool          // store is an *idem.RedisStore: its leases are renewed
+	runner    *guard.Runner // the RedisStore's
+	retention time.Duration // the RedisStore's
+}
+
+// recordKey returns the store key of job's record, or "" without one.
+func (h *idemHandler) recordKey(job *stream.Job) (string, error) {
+	key := IdempotencyKey(job, h.cfg.Missing)
+	if key == "" {
+		return "", nil
+	}
+	prefix, err := h.ns.get(h.cfg.Prefix, job, idemPrefix)
+	if err != nil {
+		return "", err
+	}
+	return prefix + key, nil
+}
+
+// Process implements consumer.Handler.
+func (h *idemHandler) Process(ctx context.Context, job *stream.Job) (err error) {
+	key, err := h.recordKey(job)
+	if err != nil {
+		return err
+	}
+	if key == "" {
+		return h.next.Process(ctx, job)
+	}
+	owner := idemOwner(job)
+	out, err := h.store.Begin(ctx, key, owner, h.cfg.Lease)
+	if err != nil {
+		return fmt.Errorf("middleware: idempotency begin %q: %w", key, err)
+	}
+	if done, err := h.notStarted(ctx, job, key, out); done {
+		return err
+	}
+	sent := time.Now()
+	return h.run(ctx, job, key, owner, sent, func(ctx context.Context, act idemAction, val []byte) error {
+		return h.settle(ctx, key, owner, act, val)
+	})
+}
+
+// settle applies act to owner's record of key in the store.
+func (h *idemHandler) settle(ctx context.Context, key, owner string, act idemAction, val []byte) error {
+	switch act {
+	case idemComplete:
+		return h.store.Complete(ctx, key, owner, val)
+	case idemFail:
+		return h.store.Fail(ctx, key, owner, string(val))
+	case idemRelease:
+		return h.store.Release(ctx, key, owner)
+	}
+	return nil
+}
+
+// notStarted handles a Begin that did not start the operation: done is
+// true, with what the job returns, unless out.Status is StatusStarted.
+func (h *idemHandler) notStarted(ctx context.Context, job *stream.Job, key string, out idem.Outcome) (done bool, err error) {
+	switch out.Status {
+	case idem.StatusCompleted:
+		if h.cfg.OnHit != nil {
+			h.cfg.OnHit(ctx, job, out.Result)
+		}
+		return true, nil
+	case idem.StatusInProgress:
+		return true, consumer.Snooze(concJitter(h.cfg.InProgressDelay))
+	case idem.StatusFailed:
+		return true, consumer.Dead(consumer.ReasonPermanent,
+			fmt.Errorf("%w: record %q: %s", idem.ErrFailed, key, out.Reason))
+	case idem.StatusStarted:
+		return false, nil
+	default:
+		return true, fmt.Errorf("middleware: idempotency begin %q: unknown status %v", key, out.Status)
+	}
+}
+
+// idemAction is what becomes of a started record.
+type idemAction int
+
+const (
+	idemNone     idemAction = iota // the handler lost the record: leave it
+	idemComplete                   // with the result
+	idemFail                       // with the reason
+	idemRelease
+)
+
+// run calls the next handler for a started record (owner's, begun by a
+// command sent at sent), with the record's lease renewed meanwhile when
+// the store is Redis, and settles the record with finish: finish(ctx, act,
+// val) applies act and returns the store's error (idem.ErrNotOwner when
+// the caller no longer owns the record).
+func (h *idemHandler) run(ctx context.Context, job *stream.Job, key, owner string, sent time.Time,
+	finish func(ctx context.Context, act idemAction, val []byte) error) error {
+	claim := &idem.Claim{Key: key, Owner: owner, Store: h.store}
+	hctx := idem.NewContext(ctx, claim)
+	var lease *guard.Lease
+	if h.redis {
+		var cancel context.CancelCauseFunc
+		hctx, cancel = context.WithCancelCause(hctx)
+		defer cancel(nil)
+		lease = &guard.Lease{
+			Renew: func(ttl time.Duration) *guard.Op { return guard.RecordExtend(key, owner, ttl) },
+			OnLost: func(err error) {
+				cancel(fmt.Errorf("middleware: idempotency record %q lost (taken over, or not renewed before its lease ran out: %v): %w", key, err, idem.ErrNotOwner))
+			},
+		}
+		h.runner.Hold(lease, sent, h.cfg.Lease)
+	}
+	stop := func() {
+		if lease != nil {
+			h.runner.Drop(lease)
+		}
+	}
+	settle := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), idemStoreTimeout)
+	}
+	returned := false
+	defer func() {
+		if r := recover(); r != nil {
+			if !returned {
+				stop()
+				sctx, cancel := settle()
+				h.warnOn(job, key, "releasing the record", finish(sctx, idemRelease, nil))
+				cancel()
 			}
-			prefix, err := namespace(cfg.Prefix, job, idemPrefix)
-			if err != nil {
-				return err
-			}
-			key = prefix + key
-			owner := idemOwner(job)
-			out, err := store.Begin(ctx, key, owner, cfg.Lease)
-			if err != nil {
-				return fmt.Errorf("middleware: idempotency begin %q: %w", key, err)
-			}
-			switch out.Status {
-			case idem.StatusCompleted:
-				if cfg.OnHit != nil {
-					cfg.OnHit(ctx, job, out.Result)
-				}
-				return nil
-			case idem.StatusInProgress:
-				return consumer.Snooze(concJitter(cfg.InProgressDelay))
-			case idem.StatusFailed:
-				return consumer.Dead(consumer.ReasonPermanent,
-					fmt.Errorf("%w: record %q: %s", idem.ErrFailed, key, out.Reason))
-			case idem.StatusStarted:
-			default:
-				return fmt.Errorf("middleware: idempotency begin %q: unknown status %v", key, out.Status)
-			}
-			claim := &idem.Claim{Key: key, Owner: owner, Store: store}
-			settle := func() (context.Context, context.CancelFunc) {
-				return context.WithTimeout(context.WithoutCancel(ctx), idemStoreTimeout)
-			}
-			returned := false
-			defer func() {
-				if r := recover(); r != nil {
-					if !returned {
-						sctx, cancel := settle()
-						idemRelease(sctx, cfg.Logger, store, job, key, owner)
-						cancel()
-					}
-					panic(r)
-				}
-			}()
-			herr := next.Process(idem.NewContext(ctx, claim), job)
-			returned = true // from here on, a panic is not the handler's
-			sctx, cancel := settle()
-			defer cancel()
-			switch {
-			case herr == nil:
-				cerr := store.Complete(sctx, key, owner, claim.Result())
-				if errors.Is(cerr, idem.ErrNotOwner) {
-					cfg.Logger.Warn("idempotency: record taken over before completion; the lease is shorter than the handler's run",
-						"job_id", consumer.BoundLogValue(job.ID), "idempotency_key", consumer.BoundLogValue(job.IdempotencyKey),
-						"record", consumer.BoundLogValue(key), "lease", cfg.Lease)
-					return consumer.Snooze(concJitter(cfg.InProgressDelay))
-				}
-				if cerr != nil {
-					return consumer.Retryable(fmt.Errorf("middleware: idempotency complete %q: %w", key, cerr))
-				}
-				return nil
-			case errors.Is(herr, idem.ErrNotOwner):
-				return consumer.Snooze(concJitter(cfg.InProgressDelay))
-			case idemPermanent(ctx, job, herr):
-				if ferr := store.Fail(sctx, key, owner, idemTruncate(herr.Error())); ferr != nil {
-					cfg.Logger.Warn("idempotency: failing the record", "job_id", consumer.BoundLogValue(job.ID),
-						"idempotency_key", consumer.BoundLogValue(job.IdempotencyKey), "record", consumer.BoundLogValue(key), "error", ferr)
-				}
-				return herr
-			default:
-				idemRelease(sctx, cfg.Logger, store, job, key, owner)
-				return herr
-			}
-		})
+			panic(r)
+		}
+	}()
+	herr := h.next.Process(hctx, job)
+	returned = true // from here on, a panic is not the handler's
+	stop()
+	sctx, cancel := settle()
+	defer cancel()
+	act, val := h.decide(ctx, job, herr, claim)
+	err := finish(sctx, act, val)
+	switch act {
+	case idemNone:
+		return consumer.Snooze(concJitter(h.cfg.InProgressDelay))
+	case idemComplete:
+		if errors.Is(err, idem.ErrNotOwner) {
+			h.cfg.Logger.Warn("idempotency: record taken over before completion; the lease is shorter than the handler's run",
+				"job_id", consumer.BoundLogValue(job.ID), "idempotency_key", consumer.BoundLogValue(job.IdempotencyKey),
+				"record", consumer.BoundLogValue(key), "lease", h.cfg.Lease)
+			return consumer.Snooze(concJitter(h.cfg.InProgressDelay))
+		}
+		if err != nil {
+			return consumer.Retryable(fmt.Errorf("middleware: idempotency complete %q: %w", key, err))
+		}
+		return nil
+	case idemFail:
+		h.warnOn(job, key, "failing the record", err)
+	default:
+		h.warnOn(job, key, "releasing the record", err)
+	}
+	return herr
+}
+
+// decide returns what becomes of the record given the next handler's
+// result (see Idempotency).
+func (h *idemHandler) decide(ctx context.Context, job *stream.Job, herr error, claim *idem.Claim) (idemAction, []byte) {
+	switch {
+	case herr == nil:
+		return idemComplete, claim.Result()
+	case errors.Is(herr, idem.ErrNotOwner):
+		return idemNone, nil
+	case idemPermanent(ctx, job, herr):
+		return idemFail, []byte(idemTruncate(herr.Error()))
+	default:
+		return idemRelease, nil
+	}
+}
+
+func (h *idemHandler) warnOn(job *stream.Job, key, what string, err error) {
+	if err != nil {
+		h.cfg.Logger.Warn("idempotency: "+what, "job_id", consumer.BoundLogValue(job.ID),
+			"idempotency_key", consumer.BoundLogValue(job.IdempotencyKey), "record", consumer.BoundLogValue(key), "error", err)
 	}
 }
 
@@ -270,13 +389,6 @@ func idemPermanent(ctx context.Context, job *stream.Job, err error) bool {
 	return d.Kind == consumer.KindDead && d.Reason == consumer.ReasonPermanent
 }
 
-func idemRelease(ctx context.Context, log *slog.Logger, store idem.Store, job *stream.Job, key, owner string) {
-	if err := store.Release(ctx, key, owner); err != nil {
-		log.Warn("idempotency: releasing the record", "job_id", consumer.BoundLogValue(job.ID),
-			"idempotency_key", consumer.BoundLogValue(job.IdempotencyKey), "record", consumer.BoundLogValue(key), "error", err)
-	}
-}
-
 // idemMaxReason bounds the failure reason stored in a record.
 const idemMaxReason = 1024
 
@@ -288,9 +400,11 @@ func idemTruncate(s string) string {
 	return s[:idemMaxReason]
 }
 
-// idemOwner returns a fresh owner token for one delivery of job.
+// idemOwner returns a fresh owner token for one delivery of job: its entry
+// ID and 48 random bits (8 characters: the owner is kept in every record,
+// for the record's retention, so it is short).
 func idemOwner(job *stream.Job) string {
-	var b [8]byte
+	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return job.EntryID + ":" + hex.EncodeToString(b[:])
+	return job.EntryID + ":" + base64.RawURLEncoding.EncodeToString(b[:])
 }

@@ -48,7 +48,7 @@ func ExampleIdempotency() {
 			fmt.Println("error:", err)
 		}
 	}
-	fmt.Println("record:", rdb.HGet(context.Background(), "{payments}:idem:order-7", "status").Val())
+	fmt.Println("record:", rdb.Get(context.Background(), "{payments}:idem:order-7").Val()[:1]) // c: completed
 	job := &stream.Job{ID: "d", Stream: "refunds", Type: "charge", IdempotencyKey: "order-7", EntryID: "2-0"}
 	if err := h.Process(context.Background(), job); err != nil {
 		fmt.Println("error:", err)
@@ -57,6 +57,6 @@ func ExampleIdempotency() {
 	// charging order-7
 	// hit order-7 (b): receipt-1
 	// hit order-7 (c): receipt-1
-	// record: completed
+	// record: c
 	// charging order-7
 }

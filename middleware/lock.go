@@ -2,14 +2,19 @@ package middleware
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/idem"
+	"github.com/pelicanqueue/pelican/internal/guard"
 	"github.com/pelicanqueue/pelican/lockx"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -61,18 +66,30 @@ type LockConfig struct {
 // A job whose lock is held elsewhere is rescheduled with [consumer.Snooze]
 // after a jittered cfg.ConflictDelay: it did not fail, so no attempt is
 // counted; cfg.OnConflict is called. If Redis cannot be asked, the job
-// fails with that error (a retryable failure, which counts an attempt). A
-// key that lockx refuses ([lockx.ErrInvalidKey]: under a cfg.Prefix
-// without a hash tag, a key starting with '}') can never be locked: the
-// job fails with a [consumer.Permanent] error, dead-lettered at once.
+// fails with that error (a retryable failure, which counts an attempt).
 //
 // While the handler runs, the lock is renewed every cfg.TTL/3 and is in the
-// handler's context ([lockx.FromContext]), fencing token included. If a
-// renewal finds the lock gone (the process stalled past the TTL and another
-// one took it), the handler's context is cancelled with a cause matching
-// [lockx.ErrLockLost]. When the handler returns, or panics, the lock is
-// released (compare-and-delete, under a context of its own), and the
-// handler's result, or panic, passes through.
+// handler's context ([lockx.FromContext]), fencing token included. Renewal
+// is done by one watchdog per redis client, for every lock and idempotency
+// lease it holds, in one round trip per tick: no goroutine or timer per
+// job. If a renewal finds the lock gone (the process stalled past the TTL
+// and another one took it), the handler's context is cancelled with a cause
+// matching [lockx.ErrLockLost]. When the handler returns, or panics, the
+// lock is released (compare-and-release, under a context of its own), and
+// the handler's result, or panic, passes through. The commands of
+// concurrent jobs go to Redis together (one script call per cluster slot
+// and round trip).
+//
+// Directly outside [Idempotency] on an [idem.RedisStore] of the same rdb
+// (the recommended order), the two are fused when a job's lock and record
+// share a cluster slot, as they do under the per-queue namespaces (both in
+// the stream's slot) or under Prefixes with the same hash tag: taking the
+// lock and beginning the record is one script operation, and so are
+// finishing the record and releasing the lock (the record first: a crash
+// between the two cannot happen). The semantics are those of the two
+// middlewares, except that a job whose record is finished or in progress
+// elsewhere does not take the lock. Keys in different slots run the two
+// steps separately.
 //
 // The lock is an efficiency lock: a stalled handler can still write after
 // its lock passed to another process, before it notices the loss. Writes
@@ -97,55 +114,195 @@ func Lock(rdb redis.UniversalClient, cfg LockConfig) consumer.Middleware {
 	if cfg.Key == nil {
 		cfg.Key = func(job *stream.Job) string { return job.LockKey }
 	}
+	locks := &lockClients{rdb: rdb, runner: guard.Of(rdb)}
 	return func(next consumer.Handler) consumer.Handler {
-		return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
-			key := cfg.Key(job)
-			if key == "" {
-				return next.Process(ctx, job)
-			}
-			prefix, err := namespace(cfg.Prefix, job, lockPrefix)
-			if err != nil {
-				return err
-			}
-			l, err := lockx.New(rdb, lockx.Config{Prefix: prefix}).TryAcquire(ctx, key, cfg.TTL)
-			if errors.Is(err, lockx.ErrInvalidKey) {
-				return consumer.Permanent(fmt.Errorf("middleware: lock %q: %w", key, err))
-			}
-			if errors.Is(err, lockx.ErrNotObtained) {
-				if cfg.OnConflict != nil {
-					cfg.OnConflict(key)
-				}
-				return consumer.Snooze(lockJitter(cfg.ConflictDelay))
-			}
-			if err != nil {
-				return fmt.Errorf("middleware: lock %q: %w", key, err)
-			}
-			hctx, cancel := context.WithCancelCause(lockx.NewContext(ctx, l))
-			// Renew until the handler returns, even if ctx ends first: the
-			// handler may still be running.
-			l.KeepAlive(context.WithoutCancel(ctx))
-			stop := make(chan struct{})
-			watched := make(chan struct{})
-			go func() {
-				defer close(watched)
-				select {
-				case <-l.Lost():
-					cancel(fmt.Errorf("middleware: lock %q: %w", key, l.Err()))
-				case <-stop:
-				}
-			}()
-			defer func() {
-				close(stop)
-				<-watched
-				cancel(nil)
-				rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), lockReleaseTimeout)
-				defer rcancel()
-				// Not an error of the job: a lock not released expires.
-				_ = l.Release(rctx)
-			}()
-			return next.Process(hctx, job)
-		})
+		if ih, ok := next.(*idemHandler); ok && ih.redis && ih.runner == locks.runner {
+			return &fusedHandler{cfg: cfg, locks: locks, idem: ih, plain: lockHandler{cfg: cfg, locks: locks, next: ih}}
+		}
+		return &lockHandler{cfg: cfg, locks: locks, next: next}
 	}
+}
+
+// lockClients are the lockx Clients of one Lock middleware, one per prefix
+// (one per queue by default), all on one redis client: they share its
+// batcher and watchdog.
+type lockClients struct {
+	rdb    redis.UniversalClient
+	runner *guard.Runner
+	byPfx  sync.Map // prefix -> *lockx.Client
+	ns     nsCache
+}
+
+func (c *lockClients) of(prefix string) *lockx.Client {
+	if l, ok := c.byPfx.Load(prefix); ok {
+		return l.(*lockx.Client)
+	}
+	l, _ := c.byPfx.LoadOrStore(prefix, lockx.New(c.rdb, lockx.Config{Prefix: prefix}))
+	return l.(*lockx.Client)
+}
+
+// lockHandler is the handler Lock returns when the next handler is not
+// Idempotency on a Redis store of the same client.
+type lockHandler struct {
+	cfg   LockConfig
+	locks *lockClients
+	next  consumer.Handler
+}
+
+// lockOf returns the lockx Client and Redis key of job's lock; key "" for
+// a job without one.
+func (h *lockHandler) lockOf(job *stream.Job) (c *lockx.Client, key, redisKey string, err error) {
+	key = h.cfg.Key(job)
+	if key == "" {
+		return nil, "", "", nil
+	}
+	prefix, err := h.locks.ns.get(h.cfg.Prefix, job, lockPrefix)
+	if err != nil {
+		return nil, "", "", err
+	}
+	c = h.locks.of(prefix)
+	redisKey, err = c.RedisKey(key)
+	return c, key, redisKey, err
+}
+
+// conflict is what a job whose lock is held returns.
+func (h *lockHandler) conflict(key string) error {
+	if h.cfg.OnConflict != nil {
+		h.cfg.OnConflict(key)
+	}
+	return consumer.Snooze(lockJitter(h.cfg.ConflictDelay))
+}
+
+// Process implements consumer.Handler.
+func (h *lockHandler) Process(ctx context.Context, job *stream.Job) error {
+	c, key, _, err := h.lockOf(job)
+	if err != nil {
+		return err
+	}
+	if key == "" {
+		return h.next.Process(ctx, job)
+	}
+	l, err := c.TryAcquire(ctx, key, h.cfg.TTL)
+	if errors.Is(err, lockx.ErrNotObtained) {
+		return h.conflict(key)
+	}
+	if err != nil {
+		return fmt.Errorf("middleware: lock %q: %w", key, err)
+	}
+	return h.hold(ctx, job, l, h.next.Process, func(rctx context.Context) {
+		// Not an error of the job: a lock not released expires.
+		_ = l.Release(rctx)
+	})
+}
+
+// hold runs run holding l: renewed by the client's watchdog (even if ctx
+// ends first: the handler may still be running), in run's context, which
+// is cancelled with a cause matching lockx.ErrLockLost if l is lost; then
+// release, under a context of its own, even if run panics.
+func (h *lockHandler) hold(ctx context.Context, job *stream.Job, l *lockx.Lock,
+	run func(context.Context, *stream.Job) error, release func(context.Context)) error {
+	l.KeepAlive(context.WithoutCancel(ctx))
+	hctx, cancel := l.Guard(ctx)
+	defer func() {
+		cancel()
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), lockReleaseTimeout)
+		defer rcancel()
+		release(rctx)
+	}()
+	return run(hctx, job)
+}
+
+// fusedHandler is Lock directly outside Idempotency on an idem.RedisStore
+// of the same redis client: when the job's lock and record share a cluster
+// slot (the per-queue namespaces do: both are in the stream's slot), it
+// takes the lock and begins the record in one script operation, and
+// finishes the record and releases the lock in another, both batched with
+// other jobs' operations; otherwise it runs as the two middlewares would.
+type fusedHandler struct {
+	cfg   LockConfig
+	locks *lockClients
+	idem  *idemHandler
+	plain lockHandler // the two steps apart
+}
+
+// Process implements consumer.Handler.
+func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
+	lh := &h.plain
+	_, key, lockKey, err := lh.lockOf(job)
+	if err != nil || key == "" {
+		return lh.Process(ctx, job)
+	}
+	recKey, err := h.idem.recordKey(job)
+	if err != nil || recKey == "" || !guard.SameSlot(lockKey, recKey) {
+		return lh.Process(ctx, job)
+	}
+	r := h.locks.runner
+	token, owner := newLockToken(), idemOwner(job)
+	sent := time.Now()
+	v, err := r.Do(ctx, guard.LockBegin(lockKey, token, h.cfg.TTL, recKey, owner, h.idem.cfg.Lease))
+	if err != nil {
+		return fmt.Errorf("middleware: lock %q and idempotency begin %q: %w", key, recKey, err)
+	}
+	if f, _ := guard.Strings(v, 4); f != nil && f[0] == "locked" {
+		return lh.conflict(key)
+	}
+	o, fence, err := guard.BeginOutcome(v)
+	if err != nil {
+		return fmt.Errorf("middleware: idempotency begin %q: %w", recKey, err)
+	}
+	out := o.(idem.Outcome)
+	if done, err := h.idem.notStarted(ctx, job, recKey, out); done {
+		return err
+	}
+	adopted := guard.AdoptLock(r, key, lockKey, token, fence, h.cfg.TTL, sent)
+	l, ok := adopted.(*lockx.Lock)
+	if !ok {
+		return fmt.Errorf("middleware: lock %q: %v", key, adopted)
+	}
+	// The record's settlement releases the lock in the same operation;
+	// release is left with the lock only if that did not happen (a panic).
+	var lockGone bool
+	finish := func(sctx context.Context, act idemAction, val []byte) error {
+		rk, value, ttl, ok := guard.TakeRelease(l)
+		lockGone = true
+		if !ok { // the handler released the lock itself
+			return h.idem.settle(sctx, recKey, owner, act, val)
+		}
+		var st string
+		switch act {
+		case idemNone:
+			_, err := r.Do(sctx, guard.LockRelease(rk, value, ttl))
+			return err
+		case idemComplete:
+			st = "c"
+		case idemFail:
+			st = "f"
+		default:
+			st = "r"
+		}
+		v, err := r.Do(sctx, guard.FinishRelease(rk, value, ttl, recKey, st, owner, val, h.idem.retention))
+		if err != nil {
+			return err
+		}
+		if n, _ := v.([]any); len(n) != 2 || n[0] != int64(1) {
+			return idem.ErrNotOwner
+		}
+		return nil
+	}
+	return lh.hold(ctx, job, l, func(hctx context.Context, job *stream.Job) error {
+		return h.idem.run(hctx, job, recKey, owner, sent, finish)
+	}, func(rctx context.Context) {
+		if !lockGone {
+			_ = l.Release(rctx)
+		}
+	})
+}
+
+// newLockToken returns a random lock holder token, as lockx's.
+func newLockToken() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // lockPrefix picks the queue's lock namespace from its keys.

@@ -26,6 +26,7 @@ func ExampleLock() {
 		panic(err)
 	}
 	defer m.Close()
+	m.SetTime(time.Unix(1700000000, 0)) // Redis TIME, the fences' baseline
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer rdb.Close()
 
@@ -51,7 +52,7 @@ func ExampleLock() {
 		panic(err)
 	}
 	// Output:
-	// job-1 runs holding customer:7, fencing token 1
+	// job-1 runs holding customer:7, fencing token 1700000000000000
 	// held: true
 	// lock conflict on customer:7
 	// job-2 snoozed, not counted as an attempt

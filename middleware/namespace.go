@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -22,4 +23,29 @@ func namespace(prefix string, job *stream.Job, field func(stream.Keys) string) (
 		return "", fmt.Errorf("middleware: job.Stream (%q) names no queue to keep its keys in (set the Prefix of the middleware's config to share one across queues): %w", job.Stream, err)
 	}
 	return field(keys), nil
+}
+
+// nsCache remembers the namespace of the last stream a middleware saw, so
+// that a consumer's jobs (all of one stream) do not derive every key of
+// their queue again per job.
+type nsCache struct {
+	last atomic.Pointer[nsEntry]
+}
+
+type nsEntry struct{ stream, ns string }
+
+// get returns namespace(prefix, job, field), from the cache when job's
+// stream is the last one seen.
+func (c *nsCache) get(prefix string, job *stream.Job, field func(stream.Keys) string) (string, error) {
+	if prefix != "" {
+		return prefix, nil
+	}
+	if e := c.last.Load(); e != nil && e.stream == job.Stream {
+		return e.ns, nil
+	}
+	ns, err := namespace(prefix, job, field)
+	if err == nil {
+		c.last.Store(&nsEntry{stream: job.Stream, ns: ns})
+	}
+	return ns, err
 }

@@ -25,8 +25,8 @@ type Keys struct {
 	Idem string
 	// Lock is the prefix of the queue's locks, the default of
 	// middleware.LockConfig.Prefix: the lock of key k is
-	// Lock + "{" + k + "}" and its fencing counter the same followed by
-	// ":fence" (see package lockx).
+	// Lock + "{" + k + "}", one key holding the lock's fence and token (and
+	// the fence alone for the lock's TTL after release; see package lockx).
 	Lock string
 	// Rate is the prefix of the queue's rate limits, the default of
 	// middleware.RateLimitConfig.Prefix: the limiter of key k is Rate + k.
@@ -52,7 +52,7 @@ type Keys struct {
 //	{orders}:delayed        jobs waiting for a later attempt
 //	{orders}:crashes:<group>:<job id>   crash counters of redelivered jobs
 //	{orders}:idem:<key>     idempotency records
-//	{orders}:lock:{<key>}   locks, and their fencing counters (…:fence)
+//	{orders}:lock:{<key>}   locks (each with its fencing token)
 //	{orders}:rate:<key>     rate limits
 //	{orders}:limit:<key>    distributed concurrency limits
 //

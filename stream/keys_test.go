@@ -119,7 +119,7 @@ func checkSlots(t *testing.T, name string) {
 		t.Errorf("KeysFor(%q).Stream = %q, want the name itself", name, keys.Stream)
 	}
 	want := keySlot(name)
-	derived := []string{keys.Dead, keys.Delayed, keys.Crashes + "1-0", keys.Idem + "k", keys.Lock + "{k}", keys.Lock + "{k}:fence",
+	derived := []string{keys.Dead, keys.Delayed, keys.Crashes + "1-0", keys.Idem + "k", keys.Lock + "{k}",
 		keys.Rate + "k", keys.Limit + "k", keys.Idem + "}{x}", keys.Lock + "{}a}"}
 	for _, suffix := range []string{"lock:x", "idem:y", "", "{other}", "}", "{"} {
 		k, err := stream.DerivedKey(name, suffix)

@@ -23,6 +23,8 @@
 //	mid-chain        consume through middleware/metrics, middleware.Retry, middleware.DeadLetter
 //	full-chain       consume through tracing (1% sampled, no exporter), metrics, middleware.Lock
 //	                 (a lock key per job), middleware.Idempotency (idem.RedisStore), Retry, DeadLetter
+//	lock             consume through middleware.Lock alone (a lock key per job)
+//	idem             consume through middleware.Idempotency alone (idem.RedisStore, a key per job)
 //	retry-once       every job retried once (consumer.Retry(0, err) on its first attempt)
 //	snooze-once      every job snoozed once (consumer.Snooze(0) on its first run)
 //	latency          enqueue-to-handler p50/p99 at -rate jobs/s for -latency-for
@@ -60,7 +62,7 @@ import (
 )
 
 // allPhases are the phases, in the order they run.
-var allPhases = []string{"produce", "consume", "produce-consume", "mid-chain", "full-chain",
+var allPhases = []string{"produce", "consume", "produce-consume", "mid-chain", "full-chain", "lock", "idem",
 	"retry-once", "snooze-once", "latency", "rss"}
 
 type bench struct {
@@ -251,6 +253,8 @@ func (b *bench) rows(phases map[string]bool, concs []int) []row {
 		{"produce-consume", "produce + consume together", variant{produce: true}},
 		{"mid-chain", "mid chain (metrics, Retry, DeadLetter)", variant{chain: "mid"}},
 		{"full-chain", "full chain (tracing 1% sampled, metrics, Lock, Idempotency, Retry, DeadLetter)", variant{chain: "full"}},
+		{"lock", "Lock alone (a lock key per job)", variant{chain: "lock"}},
+		{"idem", "Idempotency alone (Redis store, a key per job)", variant{chain: "idem"}},
 		{"retry-once", "every job retried once", variant{mode: retryOnce}},
 		{"snooze-once", "every job snoozed once", variant{mode: snoozeOnce}},
 	} {

@@ -77,7 +77,20 @@ func (b *bench) chain(tag, name string) ([]consumer.Middleware, func()) {
 	m := metrics.New(prometheus.NewRegistry(), metrics.Config{})
 	retry := middleware.Retry(middleware.RetryConfig{})
 	dead := middleware.DeadLetter(middleware.DeadLetterConfig{MaxAge: 24 * time.Hour})
+	lock := func() consumer.Middleware {
+		return middleware.Lock(b.rdb, middleware.LockConfig{
+			Key: func(j *stream.Job) string { return j.ID }, // a lock key per job
+		})
+	}
+	idemp := func() consumer.Middleware {
+		return middleware.Idempotency(idem.NewRedisStore(b.rdb, idem.RedisConfig{}),
+			middleware.IdempotencyConfig{Missing: middleware.MissingUseJobID, Logger: quiet()})
+	}
 	switch name {
+	case "lock":
+		return []consumer.Middleware{lock()}, func() {}
+	case "idem":
+		return []consumer.Middleware{idemp()}, func() {}
 	case "mid":
 		return []consumer.Middleware{m.Middleware(), retry, dead}, func() {}
 	case "full":
@@ -87,11 +100,8 @@ func (b *bench) chain(tag, name string) ([]consumer.Middleware, func()) {
 		return []consumer.Middleware{
 			tracing.Middleware(tracing.Config{TracerProvider: tp}),
 			m.Middleware(),
-			middleware.Lock(b.rdb, middleware.LockConfig{
-				Key: func(j *stream.Job) string { return j.ID }, // a lock key per job
-			}),
-			middleware.Idempotency(idem.NewRedisStore(b.rdb, idem.RedisConfig{}),
-				middleware.IdempotencyConfig{Missing: middleware.MissingUseJobID, Logger: quiet()}),
+			lock(),
+			idemp(),
 			retry,
 			dead,
 		}, func() { _ = tp.Shutdown(context.Background()) }
