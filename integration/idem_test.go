@@ -568,9 +568,23 @@ func TestIdem_FusedLockSurvivesSIGKILL(t *testing.T) {
 		opts.Seed = seed + uint64(i)
 		workers[i] = s.worker(fmt.Sprintf("w%d", i), opts)
 	}
+	recordKeys := make([]string, n)
+	for i, k := range keys {
+		recordKeys[i] = s.prefix + k
+	}
+	completed := func() int { // records completed ("c…")
+		vs, _ := s.rdb.MGet(context.Background(), recordKeys...).Result()
+		c := 0
+		for _, v := range vs {
+			if str, ok := v.(string); ok && strings.HasPrefix(str, "c") {
+				c++
+			}
+		}
+		return c
+	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if done, _ := s.settled(); done {
+		if done, _ := s.settled(); done && completed() == n {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -439,7 +439,7 @@ func TestLock_renewal(t *testing.T) {
 		s := newLockScenario(t)
 		a := s.worker("a", ttl, 2*ttl, 5*ttl)
 		s.enqueue("K")
-		s.waitEvent("start a 1 1", time.Minute)
+		fa := strings.TrimPrefix(s.waitEvent("start a 1 ", time.Minute), "start a 1 ")
 		probe := lockx.New(s.rdb, lockx.Config{Prefix: s.locks})
 		wrote := func() bool {
 			return slices.ContainsFunc(s.events(), func(e string) bool { return strings.HasPrefix(e, "write a") })
@@ -477,7 +477,7 @@ func TestLock_renewal(t *testing.T) {
 		}
 		t.Logf("probes found the lock held for %v of the handler's %v; the worker's longest stall %v; events %q",
 			last.Sub(first), 5*ttl, stall, ev)
-		held := taken == "" && slices.Equal(ev, []string{"start a 1 1", "write a 1 accepted", "held a"}) &&
+		held := taken == "" && slices.Equal(ev, []string{"start a 1 " + fa, "write a " + fa + " accepted", "held a"}) &&
 			st.Acked == 1 && st.LeaseLost == 0 && st.Stale == 0
 		switch {
 		case !held && stall >= ttl/3:

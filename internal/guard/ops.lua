@@ -68,8 +68,17 @@ local function num(s)
   return n
 end
 
+-- may checks the ACL for cmd on key alone (an extra argument of DEL would
+-- be another key).
+local margs = {SET = 'v', PEXPIRE = '1'}
 local function may(cmd, key)
-  return not redis.acl_check_cmd or redis.acl_check_cmd(cmd, key, 'v', 'v')
+  if not redis.acl_check_cmd then
+    return true
+  end
+  if margs[cmd] then
+    return redis.acl_check_cmd(cmd, key, margs[cmd])
+  end
+  return redis.acl_check_cmd(cmd, key)
 end
 
 local function denied(what)
