@@ -45,6 +45,7 @@ type Consumer struct {
 	errLog    rateLog
 	leases    leases
 	stats     counters
+	health    healthState // see health.go
 
 	mu       sync.Mutex
 	inflight map[string]*task
@@ -176,6 +177,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		defer cancel()
 	case drainCtx = <-c.stopReq:
 	}
+	c.health.draining.Store(true)
 	stopWork()
 	waitInterrupting(&loops, reader)
 	close(intakeDone)

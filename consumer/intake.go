@@ -109,6 +109,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 		return true
 	}
 	at := time.Now()
+	c.health.readSent(at)
 	res, err := reader.read(ctx, &redis.XReadGroupArgs{
 		Group:    c.r.Group,
 		Consumer: c.r.Consumer,
@@ -116,6 +117,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 		Count:    int64(n),
 		Block:    max(min(c.r.Block, time.Until(*nextSweep)), time.Millisecond),
 	})
+	c.health.readDone(at, res, err)
 	if err != nil {
 		c.release(n)
 		if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
