@@ -165,6 +165,14 @@ func (c *Consumer) Health() Health {
 		return h
 	default:
 	}
+	if h.LastRead.IsZero() {
+		// Run may still be setting up the state read below.
+		h.Problem = "not reading yet: starting (creating the group, waiting for Redis, re-reading its own pending jobs)"
+		if h.Draining {
+			h.Problem = "shutting down"
+		}
+		return h
+	}
 	now := time.Now()
 	var oldestLease time.Time // the least recently renewed lease of a running job
 	c.mu.Lock()
@@ -178,8 +186,6 @@ func (c *Consumer) Health() Health {
 	switch readStuck, _ := c.health.read.stuckSince(); {
 	case h.Draining:
 		h.Problem = "shutting down"
-	case h.LastRead.IsZero():
-		h.Problem = "not reading yet: starting (creating the group, waiting for Redis, re-reading its own pending jobs)"
 	case !readStuck.IsZero() && now.Sub(readStuck) > c.stuckAfter():
 		h.Problem = "reads from Redis unanswered or failing since " + readStuck.Format(time.RFC3339Nano)
 	case c.r.HeartbeatInterval > 0 && !oldestLease.IsZero() && now.Sub(oldestLease) > c.stuckAfter():
@@ -193,7 +199,9 @@ func (c *Consumer) Health() Health {
 
 // Reading returns a channel closed once Run has started reading new
 // entries (its first read was answered): the consumer has created its
-// group, passed its checks and re-read its own pending jobs.
+// group, passed its checks and re-read its own pending jobs. It is never
+// closed when Run returns before that (an invalid configuration, a fatal
+// error at start): wait for Run too.
 func (c *Consumer) Reading() <-chan struct{} {
 	c.health.init()
 	return c.health.reading

@@ -133,3 +133,32 @@ func ExampleRedis_Advance() {
 	// due after an hour: 1
 	// idle past the visibility timeout: true
 }
+
+// What a handler schedules is in Result.Scheduled; a job snoozed without a
+// delay comes back at once, and its new entry is not counted as enqueued.
+func ExampleResult_scheduled() {
+	t := newExampleT()
+	defer t.done()
+
+	r := pelicantest.NewRedis(t)
+	reminders := stream.NewProducer(r.Client, stream.ProducerConfig{Stream: r.Name("reminders")})
+	h := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		later, _ := stream.NewJob("reminder.send", nil)
+		if err := reminders.EnqueueIn(ctx, later, 24*time.Hour); err != nil {
+			return err
+		}
+		return consumer.Snooze(0) // the quota is used up: run again later, not counted as a failure
+	})
+	job, _ := stream.NewJob("trial.started", nil)
+
+	res := pelicantest.Run(t, h, job, pelicantest.WithRedis(r))
+	fmt.Println("outcome:", res.Outcome, "attempt:", res.Next.Attempt, "delay:", res.Delay)
+	fmt.Println("enqueued:", len(res.Enqueued))
+	for _, s := range res.Scheduled {
+		fmt.Println("scheduled:", s.Job.Type, "in about", time.Until(s.Due).Round(time.Hour))
+	}
+	// Output:
+	// outcome: snoozed attempt: 0 delay: 0s
+	// enqueued: 0
+	// scheduled: reminder.send in about 24h0m0s
+}
