@@ -110,6 +110,9 @@ func Run(t TB, h consumer.Handler, job *stream.Job, opts ...Option) Result {
 	for _, o := range opts {
 		o(&rc)
 	}
+	if rc.timeout <= 0 {
+		rc.timeout = 30 * time.Second
+	}
 	r := rc.redis
 	if r == nil {
 		r = NewRedis(t)
@@ -169,21 +172,39 @@ func run(r *Redis, h consumer.Handler, job *stream.Job, cfg consumer.Config, rc 
 	if err != nil {
 		return Result{}, fmt.Errorf("Config.Stream: %w", err)
 	}
-	before, err := r.snapshot(ctx)
-	if err != nil {
-		return Result{}, err
-	}
-	j := *job
-	if _, err := stream.NewProducer(r.Client, stream.ProducerConfig{Stream: cfg.Stream}).Enqueue(ctx, &j); err != nil {
-		return Result{}, err
-	}
+	// The consumer first: a bad configuration fails before anything is
+	// written, naming the field.
 	g := &gate{ran: make(chan struct{})}
 	c := consumer.New(r.Client, cfg).Use(g.middleware).Use(rc.mws...).Handle(h)
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(ctx) }()
-
 	deadline := time.NewTimer(rc.timeout)
 	defer deadline.Stop()
+	select {
+	case <-c.Reading():
+	case err := <-runErr:
+		return Result{}, fmt.Errorf("the consumer did not start: %v", err)
+	case <-deadline.C:
+		_ = c.Shutdown(ctx)
+		return Result{}, fmt.Errorf("the consumer did not start reading within %v", rc.timeout)
+	}
+	stop := func() {
+		sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		_ = c.Shutdown(sctx)
+		cancel()
+		<-runErr
+	}
+	before, err := r.snapshot(ctx)
+	if err != nil {
+		stop()
+		return Result{}, err
+	}
+	j := *job
+	if _, err := stream.NewProducer(r.Client, stream.ProducerConfig{Stream: cfg.Stream}).Enqueue(ctx, &j); err != nil {
+		stop()
+		return Result{}, err
+	}
+
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	settled := func(s consumer.Stats) bool {
