@@ -51,8 +51,9 @@ type Health struct {
 type healthState struct {
 	read     probe
 	draining atomic.Bool
-	// lastEmpty: the latest read returned no entries.
-	lastEmpty atomic.Bool
+	// emptySent: when the latest read was sent (Unix ns), if it returned
+	// no entries; 0 if it returned some.
+	emptySent atomic.Int64
 
 	once    sync.Once
 	reading chan struct{} // closed at the first answered read
@@ -79,7 +80,11 @@ func (h *healthState) readDone(at time.Time, res []redis.XStream, err error) {
 	if err != nil {
 		return
 	}
-	h.lastEmpty.Store(len(res) == 0 || len(res[0].Messages) == 0)
+	if len(res) == 0 || len(res[0].Messages) == 0 {
+		h.emptySent.Store(at.UnixNano())
+	} else {
+		h.emptySent.Store(0)
+	}
 	h.init()
 	select {
 	case <-h.reading:
@@ -207,15 +212,18 @@ func (c *Consumer) Reading() <-chan struct{} {
 	return c.health.reading
 }
 
-// WaitIdle waits until the consumer has drained what it can see: its latest
-// read found no new entries and no job is running, waiting to run or being
-// settled. Jobs in the delayed set that are not due yet do not count. It
+// WaitIdle waits until the consumer has drained what it can see: a read
+// sent after WaitIdle was called found no new entries, and no job is
+// running, waiting to run or being settled. So jobs enqueued before the call
+// have run and settled when it returns (those of the consumer's stream that
+// were new; those another consumer holds are not waited for). Jobs in the delayed set that are not due yet do not count. It
 // returns ctx's error if ctx ends first, and an error once Run has
 // returned. It asks Redis nothing: it checks after each of the consumer's
 // reads, so it returns within about Config.Block of the consumer becoming
 // idle.
 func (c *Consumer) WaitIdle(ctx context.Context) error {
 	c.health.init()
+	since := time.Now()
 	for {
 		select {
 		case <-c.done:
@@ -225,7 +233,7 @@ func (c *Consumer) WaitIdle(ctx context.Context) error {
 		c.health.mu.Lock()
 		changed := c.health.changed
 		c.health.mu.Unlock()
-		if c.idle() {
+		if c.idle(since) {
 			return nil
 		}
 		select {
@@ -244,10 +252,10 @@ type errorString string
 
 func (e errorString) Error() string { return string(e) }
 
-// idle reports whether the latest read found nothing and no job is in
-// flight.
-func (c *Consumer) idle() bool {
-	if !c.health.lastEmpty.Load() {
+// idle reports whether the latest read, sent at or after since, found
+// nothing and no job is in flight.
+func (c *Consumer) idle(since time.Time) bool {
+	if sent := c.health.emptySent.Load(); sent == 0 || sent < since.UnixNano() {
 		return false
 	}
 	select {
