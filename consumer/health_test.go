@@ -31,7 +31,8 @@ import (
 // reads counted), the idle case stays ready for the whole partition; with
 // it ignoring heartbeats, the busy case does.
 func TestHealth_cutOff(t *testing.T) {
-	t.Parallel()
+	// Not parallel with the package's other tests: it runs before them, so
+	// its partitions and waits neither slow them nor are slowed by them.
 	for _, busy := range []bool{false, true} {
 		t.Run(fmt.Sprintf("busy=%v", busy), func(t *testing.T) {
 			t.Parallel()
@@ -156,7 +157,6 @@ func get(t *testing.T, url string) (int, []byte) {
 // run: an empty read from before the enqueue; this test's second part
 // does not hit that race reliably.)
 func TestWaitIdle(t *testing.T) {
-	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := "{" + redistest.Name(t) + "}:jobs"
 	keys, _ := stream.KeysFor(name)
