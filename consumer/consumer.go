@@ -47,6 +47,7 @@ type Consumer struct {
 	errLog    rateLog
 	leases    leases
 	stats     counters
+	health    healthState // see health.go
 
 	mu       sync.Mutex
 	inflight map[string]*task
@@ -189,6 +190,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		defer cancel()
 	case drainCtx = <-c.stopReq:
 	}
+	c.health.draining.Store(true)
 	stopWork()
 	waitInterrupting(&loops, reader)
 	c.giveBackQueued()

@@ -167,6 +167,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 	c.gate.RLock()
 	defer c.gate.RUnlock()
 	at := time.Now()
+	c.health.readSent(at)
 	res, err := reader.read(ctx, &redis.XReadGroupArgs{
 		Group:    c.r.Group,
 		Consumer: c.r.Consumer,
@@ -174,6 +175,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 		Count:    int64(n),
 		Block:    max(min(c.r.Block, time.Until(*nextSweep)), time.Millisecond),
 	})
+	c.health.readDone(at, res, err)
 	if err != nil {
 		c.freeRoom(n)
 		if !errors.Is(err, redis.Nil) && ctx.Err() == nil {

@@ -108,6 +108,9 @@ func (c *Consumer) tryStart(ctx context.Context) error {
 	if err := c.createGroup(ctx, c.r.StartID); err != nil {
 		return err
 	}
+	if err := c.checkVersion(ctx); err != nil {
+		return err
+	}
 	if err := c.checkPermissions(ctx); err != nil {
 		return err
 	}
@@ -130,7 +133,7 @@ var fatalReplies = []string{"WRONGTYPE", "NOAUTH", "WRONGPASS", "NOPERM", "ERR u
 // clients). A closed client never reopens, and permissions denied stay
 // denied.
 func waitCanFix(err error) bool {
-	if errors.Is(err, redis.ErrClosed) || errors.Is(err, errPermission) {
+	if errors.Is(err, redis.ErrClosed) || errors.Is(err, errPermission) || errors.Is(err, errVersion) {
 		return false
 	}
 	var reply redis.Error

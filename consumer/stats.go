@@ -45,7 +45,10 @@ type Stats struct {
 }
 
 type counters struct {
-	acked, retried, snoozed, suspects, dead, reclaimed, lost, stale, leaseLost, readErrors, deadTrimmed atomic.Uint64
+	// Settlements and lease losses remember when the latest happened too
+	// (Consumer.Health).
+	acked, retried, snoozed, dead, leaseLost                  eventCount
+	suspects, reclaimed, lost, stale, readErrors, deadTrimmed atomic.Uint64
 }
 
 // Stats returns the consumer's counters.

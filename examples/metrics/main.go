@@ -33,9 +33,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pelicanqueue/pelican/consumer"
-	"github.com/pelicanqueue/pelican/internal/embedded"
 	"github.com/pelicanqueue/pelican/middleware"
 	"github.com/pelicanqueue/pelican/middleware/metrics"
+	"github.com/pelicanqueue/pelican/pelicantest"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -61,11 +61,13 @@ func main() {
 // cancelled. It closes ln.
 func run(ctx context.Context, ln net.Listener, out io.Writer) error {
 	defer ln.Close()
-	rdb, where, closeRedis, err := embedded.Connect()
+	// pelicantest.Open: the server at $REDIS_URL, or an embedded miniredis.
+	server, err := pelicantest.Open(os.Getenv("REDIS_URL"))
 	if err != nil {
 		return err
 	}
-	defer closeRedis()
+	defer server.Close()
+	rdb, where := server.Client, server.Where
 	fmt.Fprintln(out, "redis:", where)
 
 	name := fmt.Sprintf("metrics-example:%d", time.Now().UnixNano())

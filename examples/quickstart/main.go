@@ -24,7 +24,7 @@ import (
 	"time"
 
 	"github.com/pelicanqueue/pelican/consumer"
-	"github.com/pelicanqueue/pelican/internal/embedded"
+	"github.com/pelicanqueue/pelican/pelicantest"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -47,11 +47,13 @@ func main() {
 
 func run() error {
 	ctx := context.Background()
-	rdb, where, stop, err := embedded.Connect()
+	// pelicantest.Open: the server at $REDIS_URL, or an embedded miniredis.
+	server, err := pelicantest.Open(os.Getenv("REDIS_URL"))
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer server.Close()
+	rdb, where := server.Client, server.Where
 	fmt.Println("redis:", where)
 
 	name := fmt.Sprintf("quickstart:%d", time.Now().UnixNano())

@@ -35,8 +35,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/pelicanqueue/pelican/consumer"
-	"github.com/pelicanqueue/pelican/internal/embedded"
 	"github.com/pelicanqueue/pelican/middleware/tracing"
+	"github.com/pelicanqueue/pelican/pelicantest"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -67,11 +67,13 @@ func run() (err error) {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.TraceContext{})
 
-	rdb, where, stop, err := embedded.Connect()
+	// pelicantest.Open: the server at $REDIS_URL, or an embedded miniredis.
+	server, err := pelicantest.Open(os.Getenv("REDIS_URL"))
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer server.Close()
+	rdb, where := server.Client, server.Where
 	fmt.Println("redis:", where)
 
 	name := fmt.Sprintf("tracing-example:%d", time.Now().UnixNano())
