@@ -111,8 +111,8 @@ func (d *Dashboard) purge(w http.ResponseWriter, r *http.Request) {
 	n, yes := confirmed(r)
 	if !yes || n != count {
 		d.confirm(w, r, confirmData{Action: "purge", Title: "Purge dead letters", Changed: yes,
-			What:   "Delete " + fmtInt(int64(count)) + " dead letter(s) (" + ff.Describe() + ") for good? They cannot be replayed afterwards.",
-			Count:  count, Target: back + "/purge", Hidden: ff.values(), Back: back + "?" + ff.values().Encode()})
+			What:  "Delete " + fmtInt(int64(count)) + " dead letter(s) (" + ff.Describe() + ") for good? They cannot be replayed afterwards.",
+			Count: count, Target: back + "/purge", Hidden: ff.values(), Back: back + "?" + ff.values().Encode()})
 		return
 	}
 	done, err := q.Purge(context.WithoutCancel(r.Context()), f, dlq.PurgeOptions{})
