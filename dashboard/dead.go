@@ -134,18 +134,18 @@ func (d *Dashboard) deadQueue(w http.ResponseWriter, r *http.Request) (*dlq.DLQ,
 	}
 	ctx := r.Context()
 	pipe := d.rdb.Pipeline()
-	exists := pipe.Exists(ctx, name)
+	typ := pipe.Type(ctx, name)
 	n := pipe.XLen(ctx, q.Stream())
 	_, _ = pipe.Exec(ctx)
-	if err := exists.Err(); err != nil {
-		d.fail(w, r, http.StatusBadGateway, "EXISTS", err)
+	if err := typ.Err(); err != nil {
+		d.fail(w, r, http.StatusBadGateway, "TYPE", err)
 		return nil, 0, false
 	}
 	if err := n.Err(); err != nil {
 		d.fail(w, r, http.StatusBadGateway, "XLEN "+q.Stream(), err)
 		return nil, 0, false
 	}
-	if exists.Val() == 0 && n.Val() == 0 {
+	if typ.Val() == "none" && n.Val() == 0 {
 		d.fail(w, r, http.StatusNotFound, "unknown stream "+strconv.Quote(name), nil)
 		return nil, 0, false
 	}

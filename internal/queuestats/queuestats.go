@@ -51,6 +51,9 @@ type Queue struct {
 	DeadByReason map[string]int64
 	DeadScanned  int64
 	DeadCapped   bool
+	// ReasonsErr is why the dead letters could not be counted by reason
+	// (a Redis user without EVALSHA: NOPERM); the other fields are whole.
+	ReasonsErr error
 	// Added is how many entries were ever added to the stream (a group's
 	// entries-read plus its lag), or -1 when no group can tell.
 	Added  int64
@@ -229,7 +232,11 @@ func Collect(ctx context.Context, rdb redis.UniversalClient, names []string, o O
 			continue
 		}
 		q.Length, q.Delayed, q.DeadLetters = ft.xlen.Val(), ft.delayed.Val(), ft.dead.Val()
-		if res, err := ft.reasons.Slice(); err == nil && len(res) > 0 {
+		res, err := ft.reasons.Slice()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			q.ReasonsErr = fmt.Errorf("dead-letter reasons of %s: %w", ft.keys.Dead, err)
+		}
+		if err == nil && len(res) > 0 {
 			q.DeadScanned, _ = res[0].(int64)
 			for j := 1; j+1 < len(res); j += 2 {
 				r, _ := res[j].(string)
@@ -307,9 +314,6 @@ func firstErr(s string, ft *firstTrip) error {
 	}
 	if err := ft.dead.Err(); err != nil {
 		return fmt.Errorf("XLEN %s: %w", ft.keys.Dead, err)
-	}
-	if err := ft.reasons.Err(); err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("dead-letter reasons of %s: %w", ft.keys.Dead, err)
 	}
 	return nil
 }
