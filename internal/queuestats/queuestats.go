@@ -32,7 +32,8 @@ var ErrNotFound = errors.New("queuestats: unknown stream")
 // Options configures [Collect].
 type Options struct {
 	// ReasonScan is how many of each queue's newest dead letters are
-	// counted by reason. Defaults to [DefaultReasonScan].
+	// counted by reason; negative counts none (the caller counts them
+	// itself). Defaults to [DefaultReasonScan].
 	ReasonScan int
 }
 
@@ -169,7 +170,7 @@ type firstTrip struct {
 // Redis server's time. A queue that cannot be read has its Err set; the
 // error returned is for what stops every queue (Redis unreachable).
 func Collect(ctx context.Context, rdb redis.UniversalClient, names []string, o Options) ([]Queue, time.Time, error) {
-	if o.ReasonScan <= 0 {
+	if o.ReasonScan == 0 {
 		o.ReasonScan = DefaultReasonScan
 	}
 	qs := make([]Queue, len(names))
@@ -191,7 +192,9 @@ func Collect(ctx context.Context, rdb redis.UniversalClient, names []string, o O
 			ft.delayed = pipe.ZCard(ctx, keys.Delayed)
 			ft.dead = pipe.XLen(ctx, keys.Dead)
 			ft.groups = pipe.XInfoGroups(ctx, s)
-			ft.reasons = reasonsScript.EvalSha(ctx, pipe, []string{keys.Dead}, o.ReasonScan)
+			if o.ReasonScan > 0 {
+				ft.reasons = reasonsScript.EvalSha(ctx, pipe, []string{keys.Dead}, o.ReasonScan)
+			}
 			trips[i] = ft
 		}
 		_, _ = pipe.Exec(ctx)
@@ -201,7 +204,7 @@ func Collect(ctx context.Context, rdb redis.UniversalClient, names []string, o O
 		now = tm.Val()
 		noScript := false
 		for _, ft := range trips {
-			if ft != nil && ft.reasons.Err() != nil && redis.HasErrorPrefix(ft.reasons.Err(), "NOSCRIPT") {
+			if ft != nil && ft.reasons != nil && redis.HasErrorPrefix(ft.reasons.Err(), "NOSCRIPT") {
 				noScript = true
 			}
 		}
@@ -232,7 +235,11 @@ func Collect(ctx context.Context, rdb redis.UniversalClient, names []string, o O
 			continue
 		}
 		q.Length, q.Delayed, q.DeadLetters = ft.xlen.Val(), ft.delayed.Val(), ft.dead.Val()
-		res, err := ft.reasons.Slice()
+		var res []any
+		var err error = redis.Nil
+		if ft.reasons != nil {
+			res, err = ft.reasons.Slice()
+		}
 		if err != nil && !errors.Is(err, redis.Nil) {
 			q.ReasonsErr = fmt.Errorf("dead-letter reasons of %s: %w", ft.keys.Dead, err)
 		}
