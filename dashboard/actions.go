@@ -75,6 +75,8 @@ func (d *Dashboard) replay(w http.ResponseWriter, r *http.Request) {
 		if dry.Resumed {
 			what += " This continues an interrupted replay with the same filter."
 		}
+		what += " Idempotency records are left as they are: a job whose operation completed is acknowledged without running, " +
+			"and one that died permanent dies again unless its record is forgotten (pelican dlq replay --forget-failed-idempotency)."
 		d.confirm(w, r, confirmData{Action: "replay", Title: "Replay dead letters", What: what, Count: dry.Replayed,
 			Target: back + "/replay", Hidden: ff.values(), Back: back + "?" + ff.values().Encode(), Rate: rate})
 		return
