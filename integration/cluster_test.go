@@ -113,6 +113,7 @@ func TestCluster(t *testing.T) {
 				t.Parallel()
 				clusterQueue(t, cc, name, masterOf(keyslot.Of(name)), cl.Addrs())
 				clusterDLQ(t, cc, name)
+				clusterDashboard(t, cc, name)
 				clusterMiddleware(t, cc, name)
 			})
 		}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of Pelican on a fresh Debian machine: installs and
-# starts what the tests need (redis-server, the wire-format snippets' Python
-# and Node clients), then gofmt, go vet and go test -race.
+# starts what the tests need (redis-server, chromium for the dashboard's
+# browser tests, the wire-format snippets' Python and Node clients), then
+# gofmt, go vet and go test -race.
 # Usage: scripts/test.sh [go test flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,10 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
+# Headless Chromium for the dashboard's browser tests (dashboard/browser_test.go).
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 && ! command -v google-chrome >/dev/null 2>&1; then
+  need_apt+=(chromium fonts-dejavu-core)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null

@@ -1,5 +1,5 @@
 // Command pelican inspects and operates Pelican queues: stats, pending jobs,
-// enqueue, safe trim and the dead-letter stream.
+// enqueue, safe trim, the dead-letter stream and the web dashboard.
 package main
 
 import (

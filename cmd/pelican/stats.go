@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/pelicanqueue/pelican/internal/queuestats"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -136,24 +135,19 @@ func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []s
 			}
 		}
 	}
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		return fail(exitError, "redis TIME: %w", err)
-	}
-	all := make([]streamStats, 0, len(names))
 	skipped := 0
-	for _, s := range names {
-		st, err := collectStats(ctx, rdb, s, now)
+	all, now, err := collectStats(ctx, rdb, names, func(err error) bool {
 		switch {
-		case scanned && noPerm(err):
+		case scanned && queuestats.NoPerm(err):
 			skipped++
-			continue
-		case scanned && exitCode(err) == exitNotFound:
-			continue // deleted since the SCAN found it
-		case err != nil:
-			return err
+			return true
+		case scanned && errors.Is(err, queuestats.ErrNotFound):
+			return true // deleted since the SCAN found it
 		}
-		all = append(all, st)
+		return false
+	})
+	if err != nil {
+		return err
 	}
 	if skipped > 0 {
 		fmt.Fprintf(a.errOut, "pelican: skipped %d stream(s) that this Redis user may not read\n", skipped)
@@ -183,117 +177,77 @@ func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []s
 }
 
 // scanStreams returns the stream keys of the database (of every master in a
-// cluster), sorted, without dead-letter streams. A node where the user may
-// not SCAN adds none, and a note on stderr.
+// cluster), sorted, without dead-letter streams (queuestats.Scan). A node
+// where the user may not SCAN adds none, and a note on stderr.
 func scanStreams(ctx context.Context, a *app, rdb redis.UniversalClient) ([]string, error) {
-	var mu sync.Mutex
-	var keys []string
-	var denied atomic.Bool
-	scan := func(ctx context.Context, c redis.UniversalClient) error {
-		it := c.ScanType(ctx, 0, "*", 1000, "stream").Iterator()
-		for it.Next(ctx) {
-			k := it.Val()
-			if strings.HasSuffix(k, ":dlq") {
-				continue
-			}
-			mu.Lock()
-			keys = append(keys, k)
-			mu.Unlock()
-		}
-		err := it.Err()
-		if noPerm(err) {
-			denied.Store(true)
-			return nil
-		}
-		return err
-	}
-	var err error
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
-	} else {
-		err = scan(ctx, rdb)
-	}
+	keys, denied, err := queuestats.Scan(ctx, rdb)
 	if err != nil {
-		return nil, fail(exitError, "scan streams: %w", err)
+		return nil, fail(exitError, "%w", err)
 	}
-	if denied.Load() {
+	if denied {
 		fmt.Fprintln(a.errOut, "pelican: this Redis user may not run SCAN, so stats cannot list the streams; name them: pelican stats STREAM...")
 	}
-	sort.Strings(keys)
 	return keys, nil
 }
 
-// collectStats reads the state of stream s; now is the server's time.
-func collectStats(ctx context.Context, rdb redis.UniversalClient, s string, now time.Time) (streamStats, error) {
-	st := streamStats{Stream: s, DeadByReason: map[string]int64{}, Groups: []groupStats{}}
-	keys, err := stream.KeysFor(s)
+// collectStats reads the state of the streams named (queuestats.Collect,
+// two pipelined round trips for all of them), then counts each one's dead
+// letters by reason. A stream's error is returned as a CLI error unless
+// skip accepts it.
+func collectStats(ctx context.Context, rdb redis.UniversalClient, names []string, skip func(error) bool) ([]streamStats, time.Time, error) {
+	for _, s := range names {
+		if _, err := stream.KeysFor(s); err != nil {
+			return nil, time.Time{}, fail(exitUsage, "stream %q: %v", s, err)
+		}
+	}
+	qs, now, err := queuestats.Collect(ctx, rdb, names, queuestats.Options{ReasonScan: -1})
 	if err != nil {
-		return st, fail(exitUsage, "stream %q: %v", s, err)
+		return nil, now, fail(exitError, "%w", err)
 	}
-	pipe := rdb.Pipeline()
-	xlen := pipe.XLen(ctx, s)
-	delayed := pipe.ZCard(ctx, keys.Delayed)
-	dead := pipe.XLen(ctx, keys.Dead)
-	groups := pipe.XInfoGroups(ctx, s)
-	_, _ = pipe.Exec(ctx)
-	if err := xlen.Err(); err != nil {
-		if wrongType(err) {
-			return st, fail(exitError, "wrong key type: %q is not a stream", s)
-		}
-		return st, fail(exitError, "XLEN %s: %w", s, err)
-	}
-	st.Length = xlen.Val()
-	if err := delayed.Err(); err != nil {
-		return st, fail(exitError, "ZCARD %s: %w", keys.Delayed, err)
-	}
-	st.Delayed = delayed.Val()
-	if err := dead.Err(); err != nil {
-		return st, fail(exitError, "XLEN %s: %w", keys.Dead, err)
-	}
-	st.DeadLetters = dead.Val()
-	gs, err := groups.Result()
-	if err != nil {
-		if strings.Contains(err.Error(), "no such key") {
-			return st, fail(exitNotFound, "unknown stream %q", s)
-		}
-		return st, fail(exitError, "XINFO GROUPS %s: %w", s, err)
-	}
-	for _, g := range gs {
-		gst := groupStats{Name: g.Name, Pending: g.Pending, LastDeliveredID: g.LastDeliveredID, Consumers: []consumerStats{}}
-		if g.Lag >= 0 {
-			lag := g.Lag
-			gst.Lag = &lag
-		}
-		cs, err := rdb.XInfoConsumers(ctx, s, g.Name).Result()
-		if err != nil {
-			return st, fail(exitError, "XINFO CONSUMERS %s %s: %w", s, g.Name, err)
-		}
-		for _, c := range cs {
-			gst.Consumers = append(gst.Consumers, consumerStats{Name: c.Name, Pending: c.Pending, Idle: durationJSON(c.Idle)})
-		}
-		if g.Pending > 0 {
-			p, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s, Group: g.Name, Start: "-", End: "+", Count: 1}).Result()
-			if err != nil {
-				return st, fail(exitError, "XPENDING %s %s: %w", s, g.Name, err)
+	all := make([]streamStats, 0, len(qs))
+	for _, q := range qs {
+		if q.Err != nil {
+			if skip(q.Err) {
+				continue
 			}
-			if len(p) > 0 {
-				gst.OldestPendingID = p[0].ID
-				idle := durationJSON(p[0].Idle)
+			switch {
+			case errors.Is(q.Err, queuestats.ErrNotFound):
+				return nil, now, fail(exitNotFound, "unknown stream %q", q.Stream)
+			case queuestats.WrongType(q.Err) && strings.HasPrefix(q.Err.Error(), "XLEN "+q.Stream+":"):
+				return nil, now, fail(exitError, "wrong key type: %q is not a stream", q.Stream)
+			}
+			return nil, now, fail(exitError, "%w", q.Err)
+		}
+		st := streamStats{Stream: q.Stream, Length: q.Length, Delayed: q.Delayed, DeadLetters: q.DeadLetters,
+			DeadByReason: map[string]int64{}, Groups: []groupStats{}}
+		for _, g := range q.Groups {
+			gst := groupStats{Name: g.Name, Pending: g.Pending, LastDeliveredID: g.LastDeliveredID, Consumers: []consumerStats{}}
+			if g.Lag >= 0 {
+				lag := g.Lag
+				gst.Lag = &lag
+			}
+			for _, c := range g.Consumers {
+				gst.Consumers = append(gst.Consumers, consumerStats{Name: c.Name, Pending: c.Pending, Idle: durationJSON(c.Idle)})
+			}
+			if g.OldestPendingID != "" {
+				gst.OldestPendingID = g.OldestPendingID
+				idle, age := durationJSON(g.OldestPendingIdle), durationJSON(g.OldestPendingAge)
 				gst.OldestPendingIdle = &idle
-				if t, ok := stream.EntryTime(p[0].ID); ok {
-					age := durationJSON(max(now.Sub(t), 0))
+				if _, ok := stream.EntryTime(g.OldestPendingID); ok {
 					gst.OldestPendingAge = &age
 				}
 			}
+			st.Groups = append(st.Groups, gst)
 		}
-		st.Groups = append(st.Groups, gst)
-	}
-	if st.DeadLetters > 0 {
-		if err := countDeadReasons(ctx, rdb, keys.Dead, &st); err != nil {
-			return st, err
+		if st.DeadLetters > 0 {
+			keys, _ := stream.KeysFor(q.Stream)
+			if err := countDeadReasons(ctx, rdb, keys.Dead, &st); err != nil {
+				return nil, now, err
+			}
 		}
+		all = append(all, st)
 	}
-	return st, nil
+	return all, now, nil
 }
 
 // countDeadReasons reads the dead-letter stream in pages and counts its
@@ -388,11 +342,4 @@ func optDuration(d *durationJSON) any {
 		return nil
 	}
 	return time.Duration(*d)
-}
-
-// noPerm reports whether err is a NOPERM reply: an ACL denied the command or
-// one of its keys.
-func noPerm(err error) bool {
-	var reply redis.Error
-	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "NOPERM")
 }
