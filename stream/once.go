@@ -26,10 +26,19 @@ var (
 // script blocks Redis for long.
 const OnceBatch = 100
 
-// once reports whether job is enqueued once.
-func (p *Producer) once(job *Job) bool {
-	return p.cfg.EnqueueOnce > 0 && job.IdempotencyKey != ""
+// onceKey returns the key job is enqueued once by, "" for none.
+func (p *Producer) onceKey(job *Job) string {
+	if p.cfg.EnqueueOnce <= 0 {
+		return ""
+	}
+	if p.cfg.OnceKey != nil {
+		return p.cfg.OnceKey(job)
+	}
+	return job.IdempotencyKey
 }
+
+// once reports whether job is enqueued once.
+func (p *Producer) once(job *Job) bool { return p.onceKey(job) != "" }
 
 // OnceKey returns the enqueue-once marker of idempotency key key in stream's
 // namespace, [Keys].Once + key.
@@ -61,8 +70,8 @@ func (p *Producer) enqueueOnce(ctx context.Context, jobs []*Job, all []*redis.XA
 		c.args = append(c.args, p.cfg.MaxLen, p.cfg.EnqueueOnce.Milliseconds(), to-from)
 		for i := from; i < to; i++ {
 			marker := 0
-			if p.once(jobs[i]) {
-				c.keys = append(c.keys, keys.Once+jobs[i].IdempotencyKey)
+			if k := p.onceKey(jobs[i]); k != "" {
+				c.keys = append(c.keys, keys.Once+k)
 				marker = len(c.keys)
 			}
 			fields := all[i].Values.([]any)
@@ -142,9 +151,10 @@ func onceResult(r any) (entry, jobID string, err error) {
 // with its marker when it is enqueued once.
 func (p *Producer) scheduleArgs(job *Job, mode string, ms int64, member string) ([]string, []any) {
 	keys, _ := KeysFor(p.cfg.Stream)
-	if !p.once(job) {
+	k := p.onceKey(job)
+	if k == "" {
 		return []string{keys.Delayed}, []any{mode, ms, member}
 	}
-	return []string{keys.Delayed, keys.Once + job.IdempotencyKey},
+	return []string{keys.Delayed, keys.Once + k},
 		[]any{mode, ms, member, strconv.FormatInt(p.cfg.EnqueueOnce.Milliseconds(), 10), job.ID}
 }

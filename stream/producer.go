@@ -24,6 +24,11 @@ type ProducerConfig struct {
 	// Jobs without an IdempotencyKey are added as usual. It must be at least
 	// a millisecond. Defaults to 0 (every call adds its job).
 	EnqueueOnce time.Duration
+	// OnceKey, with EnqueueOnce, returns the key a job is enqueued once by
+	// (its marker is [Keys].Once + the key); a job for which it returns ""
+	// is added as usual. Package outbox uses it to add each outbox row once.
+	// Defaults to the job's IdempotencyKey.
+	OnceKey func(job *Job) string
 	// MaxLen, when positive, trims the stream to about MaxLen entries on every
 	// XADD (XADD MAXLEN ~). Redis trims by count and does not look at consumer
 	// groups: an entry that is still unread or pending is removed all the same,
