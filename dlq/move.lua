@@ -4,6 +4,8 @@
 -- KEYS[2]  source stream
 -- KEYS[3]  replay lease key (string: the holder's token)
 -- KEYS[4]  replay cursor key (hash)
+-- KEYS[5]  optional: the enqueue-once marker of the entry's idempotency key
+--          in the source stream's namespace (stream.OnceKey)
 -- ARGV[1]  lease token
 -- ARGV[2]  dead-letter entry ID
 -- ARGV[3]  cursor TTL in milliseconds
@@ -11,8 +13,12 @@
 --          dead-letter stream (moved or purged before: only the cursor is
 --          written); -2 when the entry has more than 1100 job fields, so that
 --          its copy would be malformed (and more values than one Lua call can
---          pass): it stays dead, only the cursor moves past it; -1 when the
---          lease is not ours (nothing written).
+--          pass): it stays dead, only the cursor moves past it; -3 when
+--          KEYS[5] exists and names another job (a job with the same
+--          idempotency key was enqueued once since: replaying this one would
+--          add the key's job twice within its window): it stays dead, only
+--          the cursor moves past it; -1 when the lease is not ours (nothing
+--          written).
 -- The copy keeps the entry's raw fields in order (duplicates and binary values
 -- intact) except every dead_* field, attempt (so the job starts again at
 -- attempt 0), replayed_from and replay_count, and appends:
@@ -32,7 +38,7 @@ if #e == 0 then
 end
 local src = e[1][2]
 local f = {}
-local has_id, has_created, count, origin = false, false, 0, ARGV[2]
+local has_id, has_created, count, origin, job_id = false, false, 0, ARGV[2], nil
 for i = 1, #src - 1, 2 do
   local name, v = src[i], src[i + 1]
   if name == 'dead_entry_id' and string.match(v, '^%d+%-%d+$') then origin = v end
@@ -41,7 +47,7 @@ for i = 1, #src - 1, 2 do
     if count ~= count or count < 0 or count > 1e15 then count = 0 end -- NaN, negative or absurd: start over
     count = math.floor(count)
   elseif string.sub(name, 1, 5) ~= 'dead_' and name ~= 'attempt' and name ~= 'replayed_from' then
-    if name == 'job_id' and v ~= '' then has_id = true end
+    if name == 'job_id' and v ~= '' then has_id, job_id = true, v end
     if name == 'created_at' and v ~= '0' then has_created = true end
     f[#f + 1] = name
     f[#f + 1] = v
@@ -53,8 +59,21 @@ if #f > 2200 then
   return -2
 end
 if not has_id then
+  job_id = origin
   f[#f + 1] = 'job_id'
   f[#f + 1] = origin
+end
+if KEYS[5] then
+  local first = redis.call('GET', KEYS[5])
+  if first then
+    local sp = string.find(first, ' ', 1, true)
+    if sp then first = string.sub(first, sp + 1) end
+    if first ~= job_id then
+      redis.call('HSET', KEYS[4], 'last', ARGV[2])
+      redis.call('PEXPIRE', KEYS[4], ARGV[3])
+      return -3
+    end
+  end
 end
 if not has_created then
   f[#f + 1] = 'created_at'

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/internal/perm"
+	"github.com/pelicanqueue/pelican/stream"
 )
 
 var (
@@ -95,6 +96,12 @@ type ReplayResult struct {
 	// more job fields than an entry may have (stream.MaxFields: not written
 	// by a consumer, which copies at most that many).
 	Skipped int
+	// Duplicates is how many matching entries stayed dead because another
+	// job with the same idempotency key was enqueued once since (its
+	// enqueue-once marker, see stream.ProducerConfig.EnqueueOnce, names
+	// another job): replaying them would add the key's job twice within
+	// its window. A later replay, once the marker has expired, moves them.
+	Duplicates int
 	// Examined is how many entries this call read.
 	Examined int
 	// Resumed reports that this call continued an interrupted replay from
@@ -267,8 +274,15 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 				return false, fmt.Errorf("dlq: before replaying %s: %w", e.ID, err)
 			}
 		}
-		v, err := moveScript.Run(ctx, d.rdb, []string{d.dead, d.source, d.lease, d.cursor},
-			token, e.ID, d.cfg.CursorTTL.Milliseconds()).Result()
+		keys := []string{d.dead, d.source, d.lease, d.cursor}
+		if key, ok := e.Value(stream.FieldIdempotencyKey); ok && key != "" {
+			marker, err := stream.OnceKey(d.source, key)
+			if err != nil {
+				return false, err
+			}
+			keys = append(keys, marker)
+		}
+		v, err := moveScript.Run(ctx, d.rdb, keys, token, e.ID, d.cfg.CursorTTL.Milliseconds()).Result()
 		if err != nil {
 			return false, fmt.Errorf("dlq: replay %s: %w", e.ID, err)
 		}
@@ -283,6 +297,8 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 				return false, ErrLeaseLost
 			case -2:
 				res.Skipped++
+			case -3:
+				res.Duplicates++
 			default:
 				res.Missing++
 			}

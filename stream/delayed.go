@@ -95,7 +95,10 @@ func DecodeDelayed(member string) (key string, fields []string, err error) {
 // EnqueueAt schedules job to be added to the stream at t (by this
 // process's clock; see [Producer.EnqueueIn] for a delay measured by the
 // Redis clock). Scheduling the same job (same ID and fields) again moves
-// its time instead of adding a copy.
+// its time instead of adding a copy. With [ProducerConfig].EnqueueOnce, a
+// job with an IdempotencyKey is scheduled at most once while its marker
+// lives (until its due time plus the window): a repeat schedules nothing,
+// moves nothing, and sets job.ID to the first job's ID.
 func (p *Producer) EnqueueAt(ctx context.Context, job *Job, t time.Time) error {
 	return p.schedule(ctx, job, "at", t.UnixMilli())
 }
@@ -112,10 +115,16 @@ func (p *Producer) schedule(ctx context.Context, job *Job, mode string, ms int64
 	if err != nil {
 		return err
 	}
-	keys, _ := KeysFor(p.cfg.Stream)
 	member := EncodeDelayed(job.ID, args.Values.([]any))
-	if err := scheduleScript.Run(ctx, p.rdb, []string{keys.Delayed}, mode, ms, member).Err(); err != nil {
+	keys, argv := p.scheduleArgs(job, mode, ms, member)
+	v, err := scheduleScript.Run(ctx, p.rdb, keys, argv...).Slice()
+	if err != nil {
 		return fmt.Errorf("stream: schedule %s job %s (outcome unknown): %w", job.Type, job.ID, err)
+	}
+	if len(v) == 3 {
+		if first, ok := v[1].(string); ok && first != "" {
+			job.ID = first
+		}
 	}
 	return nil
 }

@@ -15,6 +15,10 @@
 // fields intact.
 //
 // [Producer] adds jobs with XADD, one at a time or many in one round trip.
+// With [ProducerConfig].EnqueueOnce it adds a job with an idempotency key
+// at most once within a window, by one script that sets a marker
+// ([Keys].Once) with the XADD; a repeat adds nothing and gets the first
+// job's IDs, so retrying an enqueue whose outcome is unknown is safe.
 // [TrimAcked] removes entries that every consumer group has read and
 // acknowledged, and never an entry that is unread or pending.
 //

@@ -19,6 +19,11 @@ type Keys struct {
 	// ID when the job has none; a SHA-256 when the ID is over 128 bytes) is a
 	// string key with a time to live.
 	Crashes string
+	// Once is the prefix of the queue's enqueue-once markers (see
+	// [ProducerConfig].EnqueueOnce): the marker of idempotency key k is
+	// Once + k, a string "<entry id> <job id>" with the window as its time
+	// to live.
+	Once string
 	// Idem is the prefix of the queue's idempotency records, the default of
 	// middleware.IdempotencyConfig.Prefix: the record of idempotency key k
 	// is Idem + k.
@@ -51,6 +56,7 @@ type Keys struct {
 //	{orders}:dlq            dead-letter stream
 //	{orders}:delayed        jobs waiting for a later attempt
 //	{orders}:crashes:<group>:<job id>   crash counters of redelivered jobs
+//	{orders}:once:<key>     enqueue-once markers
 //	{orders}:idem:<key>     idempotency records
 //	{orders}:lock:{<key>}   locks (each with its fencing token)
 //	{orders}:rate:<key>     rate limits
@@ -71,6 +77,7 @@ func KeysFor(stream string) (Keys, error) {
 		Dead:    prefix + ":dlq",
 		Delayed: prefix + ":delayed",
 		Crashes: prefix + ":crashes:",
+		Once:    prefix + ":once:",
 		Idem:    prefix + ":idem:",
 		Lock:    prefix + ":lock:",
 		Rate:    prefix + ":rate:",

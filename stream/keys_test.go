@@ -119,7 +119,7 @@ func checkSlots(t *testing.T, name string) {
 		t.Errorf("KeysFor(%q).Stream = %q, want the name itself", name, keys.Stream)
 	}
 	want := keySlot(name)
-	derived := []string{keys.Dead, keys.Delayed, keys.Crashes + "1-0", keys.Idem + "k", keys.Lock + "{k}",
+	derived := []string{keys.Dead, keys.Delayed, keys.Crashes + "1-0", keys.Idem + "k", keys.Once + "k", keys.Lock + "{k}",
 		keys.Rate + "k", keys.Limit + "k", keys.Idem + "}{x}", keys.Lock + "{}a}"}
 	for _, suffix := range []string{"lock:x", "idem:y", "", "{other}", "}", "{"} {
 		k, err := stream.DerivedKey(name, suffix)
@@ -160,9 +160,9 @@ func TestKeysFor(t *testing.T) {
 			want stream.Keys
 		}{
 			{"orders", stream.Keys{Stream: "orders", Dead: "{orders}:dlq", Delayed: "{orders}:delayed", Crashes: "{orders}:crashes:",
-				Idem: "{orders}:idem:", Lock: "{orders}:lock:", Rate: "{orders}:rate:", Limit: "{orders}:limit:"}},
+				Once: "{orders}:once:", Idem: "{orders}:idem:", Lock: "{orders}:lock:", Rate: "{orders}:rate:", Limit: "{orders}:limit:"}},
 			{"{shop}:orders", stream.Keys{Stream: "{shop}:orders", Dead: "{shop}:orders:dlq", Delayed: "{shop}:orders:delayed", Crashes: "{shop}:orders:crashes:",
-				Idem: "{shop}:orders:idem:", Lock: "{shop}:orders:lock:", Rate: "{shop}:orders:rate:", Limit: "{shop}:orders:limit:"}},
+				Once: "{shop}:orders:once:", Idem: "{shop}:orders:idem:", Lock: "{shop}:orders:lock:", Rate: "{shop}:orders:rate:", Limit: "{shop}:orders:limit:"}},
 		}
 		for _, tt := range tests {
 			got, err := stream.KeysFor(tt.name)

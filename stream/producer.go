@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -14,6 +15,20 @@ import (
 
 // ProducerConfig configures a [Producer].
 type ProducerConfig struct {
+	// EnqueueOnce, when positive, makes the producer add a job that has an
+	// IdempotencyKey at most once within this window: Enqueue, EnqueueBatch,
+	// EnqueueAt and EnqueueIn add the job and set a marker
+	// ([Keys].Once + key) in one script, and while the marker lives, a job
+	// with the same key adds nothing and gets the first job's IDs (see
+	// [Producer]). For a scheduled job the window starts at its due time.
+	// Jobs without an IdempotencyKey are added as usual. It must be at least
+	// a millisecond. Defaults to 0 (every call adds its job).
+	EnqueueOnce time.Duration
+	// OnceKey, with EnqueueOnce, returns the key a job is enqueued once by
+	// (its marker is [Keys].Once + the key); a job for which it returns ""
+	// is added as usual. Package outbox uses it to add each outbox row once.
+	// Defaults to the job's IdempotencyKey.
+	OnceKey func(job *Job) string
 	// MaxLen, when positive, trims the stream to about MaxLen entries on every
 	// XADD (XADD MAXLEN ~). Redis trims by count and does not look at consumer
 	// groups: an entry that is still unread or pending is removed all the same,
@@ -34,9 +49,17 @@ type ProducerConfig struct {
 // An XADD whose reply was lost (a timeout, a dropped connection) may still
 // have been applied: its outcome is unknown, and go-redis itself retries such
 // commands. Enqueue then returns an error although the job may be in the
-// stream, and enqueueing again may add it twice. Give jobs an
-// IdempotencyKey so that the duplicate has no second effect, and treat
-// every Enqueue error as "maybe enqueued".
+// stream: every error means "maybe enqueued".
+//
+// Without [ProducerConfig].EnqueueOnce, enqueueing again (or go-redis's own
+// retry) may then add the job twice; give jobs an IdempotencyKey so that
+// the duplicate has no second effect. With EnqueueOnce, a job with an
+// IdempotencyKey is added at most once within the window, whoever sends it
+// and however often: a repeated enqueue, a retry after a lost reply or
+// another producer's, adds nothing, sets job.ID to the first job's ID and
+// returns the first job's entry ID ("" when the first was scheduled), with
+// a nil error. Retrying an Enqueue that failed is then safe, and a caller
+// that set job.ID tells a duplicate from its own job by comparing it.
 type Producer struct {
 	rdb redis.UniversalClient
 	cfg ProducerConfig
@@ -54,6 +77,9 @@ func NewProducer(rdb redis.UniversalClient, cfg ProducerConfig) *Producer {
 	if cfg.MaxLen < 0 {
 		panic("stream: ProducerConfig.MaxLen must not be negative")
 	}
+	if cfg.EnqueueOnce != 0 && cfg.EnqueueOnce < time.Millisecond {
+		panic(fmt.Sprintf("stream: ProducerConfig.EnqueueOnce (%v) must be 0 or at least 1ms", cfg.EnqueueOnce))
+	}
 	return &Producer{rdb: rdb, cfg: cfg, rnd: bufio.NewReaderSize(rand.Reader, 4096)}
 }
 
@@ -65,6 +91,13 @@ func (p *Producer) Enqueue(ctx context.Context, job *Job) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if p.once(job) {
+		res, err := p.enqueueOnce(ctx, []*Job{job}, []*redis.XAddArgs{args})
+		if err != nil {
+			return "", err
+		}
+		return res[0], nil
+	}
 	id, err := p.rdb.XAdd(ctx, args).Result()
 	if err != nil {
 		return "", fmt.Errorf("stream: enqueue %s job %s (outcome unknown): %w", job.Type, job.ID, err)
@@ -75,7 +108,11 @@ func (p *Producer) Enqueue(ctx context.Context, job *Job) (string, error) {
 // EnqueueBatch adds jobs in one round trip (a pipeline of XADDs) and returns
 // their entry IDs in order. A job that was not added has an empty ID, and the
 // returned error joins the per-job errors; as with Enqueue, a job with an
-// error may have been added all the same.
+// error may have been added all the same. With
+// [ProducerConfig].EnqueueOnce, the batch is sent as one enqueue-once
+// script per [OnceBatch] jobs, pipelined, and a duplicate (of an earlier
+// job, or of a job earlier in the batch) gets the first job's IDs as in
+// [Producer.Enqueue].
 func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, error) {
 	if len(jobs) == 0 {
 		return nil, nil
@@ -87,6 +124,9 @@ func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, err
 			return nil, fmt.Errorf("stream: batch job %d: %w", i, err)
 		}
 		all[i] = args
+	}
+	if p.cfg.EnqueueOnce > 0 {
+		return p.enqueueOnce(ctx, jobs, all)
 	}
 	cmds := make([]*redis.StringCmd, len(jobs))
 	_, _ = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {

@@ -6,6 +6,7 @@
 //
 //	go run ./cmd/pelican-bench [-jobs 200000] [-rounds 3] [-concurrency 0,50] [-phases consume,full-chain]
 //	go run ./cmd/pelican-bench -retention 10000000 [-backlog 100000]
+//	go run ./cmd/pelican-bench -outbox 20000 [-outbox-relays 2] [-rate 500] [-latency-for 5s] [-pg-dsn DSN]
 //
 // The floor: one reader goroutine (XREADGROUP COUNT 100, blocking) feeding
 // 50 worker goroutines through a buffered channel, and one acker goroutine
@@ -65,6 +66,9 @@ import (
 var allPhases = []string{"produce", "consume", "produce-consume", "mid-chain", "full-chain", "lock", "idem",
 	"retry-once", "snooze-once", "latency", "rss"}
 
+// pgDSN is the outbox phase's PostgreSQL (-pg-dsn).
+var pgDSN string
+
 type bench struct {
 	rdb        *redis.Client
 	addr       string
@@ -91,6 +95,9 @@ func main() {
 	profilePhase := flag.String("profile-phase", "", "the run to profile: a row key such as full-chain@default or consume@50, floor:KEY for the floor's side")
 	retention := flag.Int("retention", 0, "run only the retention phase: this many jobs through one queue, then the consume phase with settled entries deleted vs kept")
 	backlog := flag.Int("backlog", 100000, "retention phase: how far the producer may run ahead of the consumer")
+	outboxJobs := flag.Int("outbox", 0, "run only the outbox phase: this many jobs a run, plain producer vs enqueue-once vs outbox relay, then commit-to-stream latency at -rate for -latency-for")
+	outboxRelays := flag.Int("outbox-relays", 2, "outbox phase: relays running at once")
+	flag.StringVar(&pgDSN, "pg-dsn", envOr("PG_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "outbox phase: PostgreSQL connection string")
 	flag.Parse()
 
 	usage := func(format string, args ...any) {
@@ -164,6 +171,10 @@ func main() {
 		infoField(ctx, b.rdb, "server", "redis_version"), *addr, runtime.GOMAXPROCS(0), loadAverage(), b.runID, b.runID)
 	if *retention > 0 {
 		b.retention(ctx, *retention, *backlog, *rounds, concs[0])
+		return
+	}
+	if *outboxJobs > 0 {
+		b.outboxPhase(ctx, pgDSN, *outboxJobs, *rounds, max(1, *outboxRelays), *rate, *latencyFor)
 		return
 	}
 	fmt.Printf("%s jobs a run, rounds: %d, floor and Pelican alternating; 100-byte payloads, no-op handlers\n",

@@ -486,13 +486,16 @@ func fmtRate(rate float64) string {
 
 // replayJSON is replay's --output json.
 type replayJSON struct {
-	DryRun   bool    `json:"dry_run"`
-	Replayed int     `json:"replayed"`
-	Missing  int     `json:"missing"`
-	Skipped  int     `json:"skipped"`
-	Resumed  bool    `json:"resumed"`
-	Seconds  float64 `json:"seconds"`
-	Rate     float64 `json:"rate"`
+	DryRun   bool `json:"dry_run"`
+	Replayed int  `json:"replayed"`
+	Missing  int  `json:"missing"`
+	Skipped  int  `json:"skipped"`
+	// Duplicates stayed dead: their idempotency key's enqueue-once marker
+	// names another job.
+	Duplicates int     `json:"duplicates"`
+	Resumed    bool    `json:"resumed"`
+	Seconds    float64 `json:"seconds"`
+	Rate       float64 `json:"rate"`
 	// ForgetFailedIdempotency is --forget-failed-idempotency; Forgotten
 	// counts the failed records deleted, under IdempotencyPrefix.
 	ForgetFailedIdempotency bool   `json:"forget_failed_idempotency"`
@@ -682,7 +685,7 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 				r = float64(res.Replayed) / res.Elapsed.Seconds()
 			}
 			if a.output == "json" {
-				return printJSON(a, replayJSON{Replayed: res.Replayed, Missing: res.Missing, Skipped: res.Skipped, Resumed: res.Resumed,
+				return printJSON(a, replayJSON{Replayed: res.Replayed, Missing: res.Missing, Skipped: res.Skipped, Duplicates: res.Duplicates, Resumed: res.Resumed,
 					Seconds: res.Elapsed.Seconds(), Rate: r,
 					ForgetFailedIdempotency: forget, IdempotencyPrefix: prefix, Forgotten: *forgotten})
 			}
@@ -693,6 +696,9 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 			}
 			if res.Skipped > 0 {
 				fmt.Fprintf(a.out, "%d entries stay dead: they have more fields than a job may have (%d)\n", res.Skipped, stream.MaxFields)
+			}
+			if res.Duplicates > 0 {
+				fmt.Fprintf(a.out, "%d entries stay dead: another job with the same idempotency key was enqueued once since (replay them after its window)\n", res.Duplicates)
 			}
 			fmt.Fprintln(a.out, idemLine)
 			return nil

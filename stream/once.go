@@ -1,0 +1,160 @@
+package stream
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Enqueue once: with [ProducerConfig].EnqueueOnce, a job with an
+// IdempotencyKey is added by enqueue.lua, which adds it and sets its marker
+// ([Keys].Once + key) together, unless the marker exists. The script is the
+// contract for producers in other languages too (docs/wire-format.md).
+
+var (
+	//go:embed enqueue.lua
+	enqueueLua    string
+	enqueueScript = redis.NewScript(enqueueLua)
+)
+
+// OnceBatch is the most jobs one enqueue-once script adds: a larger
+// EnqueueBatch is sent as several scripts in one pipeline, so that no
+// script blocks Redis for long.
+const OnceBatch = 100
+
+// onceKey returns the key job is enqueued once by, "" for none.
+func (p *Producer) onceKey(job *Job) string {
+	if p.cfg.EnqueueOnce <= 0 {
+		return ""
+	}
+	if p.cfg.OnceKey != nil {
+		return p.cfg.OnceKey(job)
+	}
+	return job.IdempotencyKey
+}
+
+// once reports whether job is enqueued once.
+func (p *Producer) once(job *Job) bool { return p.onceKey(job) != "" }
+
+// OnceKey returns the enqueue-once marker of idempotency key key in stream's
+// namespace, [Keys].Once + key.
+func OnceKey(stream, key string) (string, error) {
+	keys, err := KeysFor(stream)
+	if err != nil {
+		return "", err
+	}
+	return keys.Once + key, nil
+}
+
+// enqueueOnce adds jobs (with their XADD args) through the enqueue-once
+// script, OnceBatch jobs per script, all scripts in one pipeline. It
+// returns each job's entry ID ("" for a job not added because of an
+// error), sets the ID of each duplicate to its first job's, and joins the
+// errors, each meaning "maybe enqueued" for its jobs.
+func (p *Producer) enqueueOnce(ctx context.Context, jobs []*Job, all []*redis.XAddArgs) ([]string, error) {
+	keys, _ := KeysFor(p.cfg.Stream)
+	type chunk struct {
+		from, to int
+		keys     []string
+		args     []any
+		cmd      *redis.Cmd
+	}
+	var chunks []*chunk
+	for from := 0; from < len(jobs); from += OnceBatch {
+		to := min(from+OnceBatch, len(jobs))
+		c := &chunk{from: from, to: to, keys: []string{p.cfg.Stream}}
+		c.args = append(c.args, p.cfg.MaxLen, p.cfg.EnqueueOnce.Milliseconds(), to-from)
+		for i := from; i < to; i++ {
+			marker := 0
+			if k := p.onceKey(jobs[i]); k != "" {
+				c.keys = append(c.keys, keys.Once+k)
+				marker = len(c.keys)
+			}
+			fields := all[i].Values.([]any)
+			c.args = append(c.args, marker, jobs[i].ID, len(fields))
+			c.args = append(c.args, fields...)
+		}
+		chunks = append(chunks, c)
+	}
+	run := func(todo []*chunk, eval bool) {
+		_, _ = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for _, c := range todo {
+				if eval {
+					c.cmd = enqueueScript.Eval(ctx, pipe, c.keys, c.args...)
+				} else {
+					c.cmd = enqueueScript.EvalSha(ctx, pipe, c.keys, c.args...)
+				}
+			}
+			return nil
+		})
+	}
+	run(chunks, false)
+	var again []*chunk
+	for _, c := range chunks {
+		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			again = append(again, c) // not run: the script cache was empty
+		}
+	}
+	if len(again) > 0 {
+		run(again, true)
+	}
+
+	ids := make([]string, len(jobs))
+	var errs []error
+	for _, c := range chunks {
+		fail := func(err error) {
+			for i := c.from; i < c.to; i++ {
+				errs = append(errs, fmt.Errorf("stream: enqueue %s job %s (outcome unknown): %w", jobs[i].Type, jobs[i].ID, err))
+			}
+		}
+		v, err := c.cmd.Slice()
+		if err != nil {
+			fail(err)
+			continue
+		}
+		if len(v) != c.to-c.from {
+			fail(fmt.Errorf("enqueue script returned %d results for %d jobs", len(v), c.to-c.from))
+			continue
+		}
+		for k, r := range v {
+			entry, jobID, err := onceResult(r)
+			if err != nil {
+				fail(err)
+				break
+			}
+			ids[c.from+k] = entry
+			jobs[c.from+k].ID = jobID
+		}
+	}
+	return ids, errors.Join(errs...)
+}
+
+// onceResult parses one job's {entry id, job id, duplicate} reply.
+func onceResult(r any) (entry, jobID string, err error) {
+	t, ok := r.([]any)
+	if !ok || len(t) != 3 {
+		return "", "", fmt.Errorf("enqueue script returned %T, not a triple", r)
+	}
+	entry, ok1 := t[0].(string)
+	jobID, ok2 := t[1].(string)
+	if !ok1 || !ok2 {
+		return "", "", errors.New("enqueue script returned a non-string ID")
+	}
+	return entry, jobID, nil
+}
+
+// scheduleArgs returns the schedule script's keys and arguments for job,
+// with its marker when it is enqueued once.
+func (p *Producer) scheduleArgs(job *Job, mode string, ms int64, member string) ([]string, []any) {
+	keys, _ := KeysFor(p.cfg.Stream)
+	k := p.onceKey(job)
+	if k == "" {
+		return []string{keys.Delayed}, []any{mode, ms, member}
+	}
+	return []string{keys.Delayed, keys.Once + k},
+		[]any{mode, ms, member, strconv.FormatInt(p.cfg.EnqueueOnce.Milliseconds(), 10), job.ID}
+}
