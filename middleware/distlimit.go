@@ -70,6 +70,18 @@ type DistributedConcurrencyConfig struct {
 	SnoozeFor time.Duration
 }
 
+// Validate reports the first invalid field of cfg: a Limit that is not
+// positive, or a Lease under 3 ms.
+func (cfg DistributedConcurrencyConfig) Validate() error {
+	if cfg.Limit <= 0 {
+		return fmt.Errorf("middleware: DistributedConcurrencyConfig.Limit (%d) must be positive", cfg.Limit)
+	}
+	if cfg.Lease != 0 && cfg.Lease < 3*time.Millisecond {
+		return fmt.Errorf("middleware: DistributedConcurrencyConfig.Lease (%v) must be at least 3ms", cfg.Lease)
+	}
+	return nil
+}
+
 // DistributedConcurrency returns a middleware that lets at most cfg.Limit
 // jobs of each key of a queue run at once across every process sharing rdb.
 // Limits are per queue unless cfg.Prefix shares them.
@@ -86,16 +98,15 @@ type DistributedConcurrencyConfig struct {
 // If Redis cannot take the slot, the job fails with that error (a
 // retryable failure, which counts an attempt).
 //
-// It panics if cfg.Limit is not positive or cfg.Lease is under 3 ms.
+// An invalid cfg (see [DistributedConcurrencyConfig.Validate]) gives a
+// [consumer.Invalid] middleware: the consumer's Run fails with the error
+// before it touches Redis.
 func DistributedConcurrency(rdb redis.UniversalClient, cfg DistributedConcurrencyConfig) consumer.Middleware {
-	if cfg.Limit <= 0 {
-		panic(fmt.Sprintf("middleware: DistributedConcurrencyConfig.Limit (%d) must be positive", cfg.Limit))
+	if err := cfg.Validate(); err != nil {
+		return consumer.Invalid(err)
 	}
 	if cfg.Lease == 0 {
 		cfg.Lease = DefaultDistributedConcurrencyLease
-	}
-	if cfg.Lease < 3*time.Millisecond {
-		panic(fmt.Sprintf("middleware: DistributedConcurrencyConfig.Lease (%v) must be at least 3ms", cfg.Lease))
 	}
 	if cfg.SnoozeFor <= 0 {
 		cfg.SnoozeFor = DefaultConcurrencySnoozeFor

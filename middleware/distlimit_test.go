@@ -250,14 +250,17 @@ func TestDistributedConcurrency_keys(t *testing.T) {
 func TestDistributedConcurrency_config(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []middleware.DistributedConcurrencyConfig{{}, {Limit: -1}, {Limit: 1, Lease: time.Millisecond}} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("%+v: no panic", cfg)
-				}
-			}()
-			middleware.DistributedConcurrency(nil, cfg)
-		}()
+		if cfg.Validate() == nil {
+			t.Errorf("%+v: Validate accepted it", cfg)
+		}
+		ran := false
+		err := middleware.DistributedConcurrency(nil, cfg)(consumer.HandlerFunc(func(context.Context, *stream.Job) error {
+			ran = true
+			return nil
+		})).Process(t.Context(), &stream.Job{Stream: "s"})
+		if err == nil || ran || !strings.Contains(err.Error(), "DistributedConcurrencyConfig.") {
+			t.Errorf("%+v: Process = %v (ran %v), want the invalid field's error without running", cfg, err, ran)
+		}
 	}
 	// A Redis error fails the job (a retryable failure) without running it.
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})

@@ -87,6 +87,25 @@ type IdempotencyConfig struct {
 	RetryHorizon time.Duration
 }
 
+// Validate reports the first invalid field of cfg: an unknown Missing
+// policy. The check of RetryHorizon against a store's retention needs the
+// store: [Idempotency] makes it.
+func (cfg IdempotencyConfig) Validate() error { return cfg.validate(nil) }
+
+func (cfg IdempotencyConfig) validate(store idem.Store) error {
+	if cfg.Missing != MissingSkip && cfg.Missing != MissingUseJobID {
+		return fmt.Errorf("middleware: IdempotencyConfig.Missing (%d) is not a MissingKeyPolicy", cfg.Missing)
+	}
+	if cfg.RetryHorizon > 0 && store != nil {
+		if r, ok := store.(interface{ Retention() time.Duration }); ok {
+			if err := idem.ValidateRetention(r.Retention(), cfg.RetryHorizon); err != nil {
+				return fmt.Errorf("middleware: IdempotencyConfig.RetryHorizon: the store's %w", err)
+			}
+		}
+	}
+	return nil
+}
+
 // Idempotency returns a middleware that runs each business operation, named
 // by the job's idempotency_key ([IdempotencyKey]), once per queue, however
 // many times it is delivered or enqueued. For each job it begins the key's
@@ -145,12 +164,15 @@ type IdempotencyConfig struct {
 // before it uses an attempt, and so that it sees Retry's decisions.
 //
 // A job without an idempotency_key is handled by cfg.Missing. A store error
-// in Begin fails the job (retryable). It panics if cfg.RetryHorizon is set
-// and the store's retention does not exceed it, or if cfg.Missing is
-// unknown.
+// in Begin fails the job (retryable). A nil store or an invalid cfg (see
+// [IdempotencyConfig.Validate]) gives a [consumer.Invalid] middleware: the
+// consumer's Run fails with the error before it touches Redis.
 func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 	if store == nil {
-		panic("middleware: Idempotency needs a store")
+		return consumer.Invalid(errors.New("middleware: Idempotency needs a store"))
+	}
+	if err := cfg.validate(store); err != nil {
+		return consumer.Invalid(err)
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultIdempotencyLease
@@ -160,16 +182,6 @@ func Idempotency(store idem.Store, cfg IdempotencyConfig) consumer.Middleware {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.Missing != MissingSkip && cfg.Missing != MissingUseJobID {
-		panic(fmt.Sprintf("middleware: IdempotencyConfig.Missing (%d) is not a MissingKeyPolicy", cfg.Missing))
-	}
-	if cfg.RetryHorizon > 0 {
-		if r, ok := store.(interface{ Retention() time.Duration }); ok {
-			if err := idem.ValidateRetention(r.Retention(), cfg.RetryHorizon); err != nil {
-				panic(fmt.Sprintf("middleware: IdempotencyConfig.RetryHorizon: the store's %v", err))
-			}
-		}
 	}
 	return func(next consumer.Handler) consumer.Handler {
 		h := &idemHandler{store: store, cfg: cfg, next: next}

@@ -58,6 +58,18 @@ type LockConfig struct {
 	TTL time.Duration
 }
 
+// Validate reports the first invalid field of cfg: a TTL under 3 ms, or a
+// Prefix whose braces form no hash tag.
+func (cfg LockConfig) Validate() error {
+	if cfg.TTL != 0 && cfg.TTL < 3*time.Millisecond {
+		return fmt.Errorf("middleware: LockConfig.TTL (%v) must be at least 3ms", cfg.TTL)
+	}
+	if err := (lockx.Config{Prefix: cfg.Prefix}).Validate(); err != nil {
+		return fmt.Errorf("middleware: LockConfig.Prefix: %w", err)
+	}
+	return nil
+}
+
 // Lock returns a middleware that runs each job holding the lockx lock of
 // its key on rdb, so that jobs of one key (a customer, an account) of one
 // queue do not run at the same time across processes. Locks are per queue
@@ -96,17 +108,15 @@ type LockConfig struct {
 // that must never overlap should carry the lock's Fence to a store that
 // refuses stale tokens (see package lockx).
 //
-// It panics if cfg.TTL is under 3 ms or cfg.Prefix has braces that form
-// no hash tag.
+// An invalid cfg (see [LockConfig.Validate]) gives a [consumer.Invalid]
+// middleware: the consumer's Run fails with the error before it touches
+// Redis.
 func Lock(rdb redis.UniversalClient, cfg LockConfig) consumer.Middleware {
+	if err := cfg.Validate(); err != nil {
+		return consumer.Invalid(err)
+	}
 	if cfg.TTL == 0 {
 		cfg.TTL = DefaultLockTTL
-	}
-	if cfg.TTL < 3*time.Millisecond {
-		panic(fmt.Sprintf("middleware: LockConfig.TTL (%v) must be at least 3ms", cfg.TTL))
-	}
-	if err := (lockx.Config{Prefix: cfg.Prefix}).Validate(); err != nil {
-		panic(fmt.Sprintf("middleware: LockConfig.Prefix: %v", err))
 	}
 	if cfg.ConflictDelay <= 0 {
 		cfg.ConflictDelay = DefaultLockConflictDelay

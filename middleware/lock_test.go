@@ -343,10 +343,13 @@ func TestLock_config(t *testing.T) {
 	if err := h.Process(t.Context(), &stream.Job{LockKey: "k"}); err == nil || !strings.Contains(err.Error(), "job.Stream") {
 		t.Errorf("a job without a stream: %v, want an error naming job.Stream", err)
 	}
-	defer func() {
-		if r, _ := recover().(string); !strings.Contains(r, "LockConfig.Prefix") {
-			t.Errorf("panic %q, want one naming LockConfig.Prefix", r)
-		}
-	}()
-	middleware.Lock(nil, middleware.LockConfig{Prefix: "a{b"})
+	bad := middleware.LockConfig{Prefix: "a{b"}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "LockConfig.Prefix") {
+		t.Errorf("Validate = %v, want an error naming LockConfig.Prefix", err)
+	}
+	err := middleware.Lock(nil, bad)(consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil })).
+		Process(t.Context(), &stream.Job{Stream: "s", LockKey: "k"})
+	if err == nil || !strings.Contains(err.Error(), "LockConfig.Prefix") {
+		t.Errorf("Process = %v, want an error naming LockConfig.Prefix", err)
+	}
 }

@@ -117,12 +117,13 @@ func (l *RateLimiter) Allow(ctx context.Context, key string) (allowed bool, retr
 // retryable failure, which counts an attempt).
 //
 // The limit bounds starts, not jobs running at once: combine it with
-// [Concurrency] or [DistributedConcurrency] for that. It panics if cfg is
-// invalid (see [NewRateLimiter]).
+// [Concurrency] or [DistributedConcurrency] for that. An invalid cfg (see
+// [NewRateLimiter]) gives a [consumer.Invalid] middleware: the consumer's
+// Run fails with the error before it touches Redis.
 func RateLimit(rdb redis.UniversalClient, cfg RateLimitConfig) consumer.Middleware {
 	l, err := NewRateLimiter(rdb, cfg)
 	if err != nil {
-		panic(err)
+		return consumer.Invalid(err)
 	}
 	key := cfg.Key
 	if key == nil {

@@ -194,14 +194,12 @@ func TestRateLimit_config(t *testing.T) {
 		if _, err := middleware.NewRateLimiter(nil, cfg); err == nil {
 			t.Errorf("%+v: no error", cfg)
 		}
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("%+v: RateLimit did not panic", cfg)
-				}
-			}()
-			middleware.RateLimit(nil, cfg)
-		}()
+		err := middleware.RateLimit(nil, cfg)(consumer.HandlerFunc(func(context.Context, *stream.Job) error {
+			return errors.New("ran")
+		})).Process(t.Context(), &stream.Job{Stream: "s"})
+		if err == nil || err.Error() == "ran" || !strings.Contains(err.Error(), "RateLimitConfig.") {
+			t.Errorf("%+v: Process = %v, want the invalid field's error without running", cfg, err)
+		}
 	}
 	// A Redis error fails the job without running it.
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
