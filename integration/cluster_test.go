@@ -143,7 +143,8 @@ func clusterQueue(t *testing.T, cc *redis.ClusterClient, name, addr string, all 
 	// The group exists before the consumer starts, so that "ghost" can take
 	// an entry and die with it pending.
 	clusterMust(t, "XGROUP CREATE", cc.XGroupCreateMkStream(ctx, name, group, "0").Err())
-	prod := stream.NewProducer(cc, stream.ProducerConfig{Stream: name})
+	// EnqueueOnce: the batch goes through the enqueue-once script on each master.
+	prod := stream.NewProducer(cc, stream.ProducerConfig{Stream: name, EnqueueOnce: time.Hour})
 	ghost := &stream.Job{Type: "ok", Payload: []byte(`{"who":"ghost"}`)}
 	ghostEntry, err := prod.Enqueue(ctx, ghost)
 	clusterMust(t, "Enqueue ghost job", err)
