@@ -373,7 +373,7 @@ func TestACL_documentedRoles(t *testing.T) {
 				want, strings.Count(logs.String(), want), logs.String())
 		}
 	}
-	wantDenied := []string{"orders-consumer: command client|id", "orders-consumer: command config|get"}
+	wantDenied := []string{"orders-consumer: command client|id", "orders-consumer: command config|get", "orders-consumer: command info"}
 	if got := a.denials(t); !slices.Equal(got, wantDenied) {
 		t.Fatalf("ACL LOG: %q, want only the optional commands %q", got, wantDenied)
 	}

@@ -3,6 +3,7 @@ package lockx_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -212,37 +213,53 @@ func TestLock_Fence(t *testing.T) {
 func TestLock_KeepAlive(t *testing.T) {
 	t.Parallel()
 	c, rdb, prefix := setup(t)
-	ctx := t.Context()
-	const ttl = 150 * time.Millisecond
-	l, err := c.TryAcquire(ctx, "k", ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.KeepAlive(context.Background())
-	l.KeepAlive(context.Background()) // no second renewer
-	end := time.Now().Add(5 * ttl)
-	for time.Now().Before(end) {
-		if _, err := c.TryAcquire(ctx, "k", time.Minute); !errors.Is(err, lockx.ErrNotObtained) {
-			t.Fatalf("another holder got the lock while it was kept alive: %v", err)
+	// A run in which this process or Redis went TTL/3 or longer without a
+	// reply (a busy machine) checked nothing, and is repeated wider.
+	redistest.Widen(t, "ttl", 150*time.Millisecond, func(t *testing.T, ttl time.Duration) time.Duration {
+		ctx := t.Context()
+		key := "k-" + ttl.String()
+		stalls := redistest.WatchStalls(rdb, 2*redistest.StallInterval)
+		defer stalls.Stop()
+		l, err := c.TryAcquire(ctx, key, ttl)
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	select {
-	case <-l.Lost():
-		t.Fatalf("Lost closed: %v", l.Err())
-	default:
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatalf("Release after 5 TTLs: %v", err)
-	}
-	// The tombstone (the fence alone) expires within the TTL: a renewal
-	// that outlived Release would find no token to extend.
-	if v, _ := rdb.Get(ctx, prefix+"{k}").Result(); v != strconv.FormatInt(l.Fence(), 10) {
-		t.Errorf("the lock key holds %q after Release, want the fence alone", v)
-	}
-	if d, _ := rdb.PTTL(ctx, prefix+"{k}").Result(); d > ttl {
-		t.Errorf("the tombstone's TTL is %v, over the lock's %v: the renewal outlived Release", d, ttl)
-	}
+		l.KeepAlive(context.Background())
+		l.KeepAlive(context.Background()) // no second renewer
+		end := time.Now().Add(5 * ttl)
+		var lost error
+		for time.Now().Before(end) && lost == nil {
+			if _, err := c.TryAcquire(ctx, key, time.Minute); !errors.Is(err, lockx.ErrNotObtained) {
+				lost = fmt.Errorf("another holder got the lock while it was kept alive: %v", err)
+			}
+			select {
+			case <-l.Lost():
+				lost = fmt.Errorf("Lost closed: %v", l.Err())
+			default:
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if lost != nil {
+			if stall := stalls.Longest(); stall >= ttl/3 {
+				t.Logf("the run checked nothing: this process or Redis went %v without a reply, TTL/3 = %v (%v)", stall, ttl/3, lost)
+				_ = rdb.Del(ctx, prefix+"{"+key+"}").Err()
+				return 4 * stall
+			}
+			t.Fatal(lost)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release after 5 TTLs: %v", err)
+		}
+		// The tombstone (the fence alone) expires within the TTL: a renewal
+		// that outlived Release would find no token to extend.
+		if v, _ := rdb.Get(ctx, prefix+"{"+key+"}").Result(); v != strconv.FormatInt(l.Fence(), 10) {
+			t.Errorf("the lock key holds %q after Release, want the fence alone", v)
+		}
+		if d, _ := rdb.PTTL(ctx, prefix+"{"+key+"}").Result(); d > ttl {
+			t.Errorf("the tombstone's TTL is %v, over the lock's %v: the renewal outlived Release", d, ttl)
+		}
+		return 0
+	})
 }
 
 // Lost closes, with ErrLockLost, when renewal finds the lock deleted behind
