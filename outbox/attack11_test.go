@@ -229,3 +229,51 @@ func TestAttack11_OutboxHostileTable(t *testing.T) {
 		}
 	}
 }
+
+// Namespace collision: the relay's marker is {s}:once:outbox:<job id>, a producer's
+// marker for idempotency key k is {s}:once:<k>. A producer job whose (hostile,
+// user-chosen) idempotency key is "outbox:<id>" must not make a committed outbox
+// job with that ID vanish.
+func TestAttack11_OutboxMarkerCollision(t *testing.T) {
+	t.Skip("FINDING: a producer job with idempotency_key \"outbox:<id>\" (EnqueueOnce) makes the relay drop the committed outbox job <id> silently: both use {s}:once:outbox:<id>")
+	table, name := a11Setup(t)
+	db := pgtest.Open(t)
+	rdb := redistest.Shared(t)
+	ctx := context.Background()
+	w, _ := outbox.NewWriter(outbox.WriterConfig{Stream: name, Table: table})
+	victim, _ := stream.NewJob("payment", 1)
+	victim.ID = "0190a0a0-0000-7000-8000-000000000001"
+	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, EnqueueOnce: time.Hour})
+	hostile, _ := stream.NewJob("spam", 2)
+	hostile.IdempotencyKey = "outbox:" + victim.ID
+	if _, err := p.Enqueue(ctx, hostile); err != nil {
+		t.Fatal(err)
+	}
+	tx, _ := db.BeginTx(ctx, nil)
+	if err := w.Enqueue(ctx, tx, victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := outbox.NewRelay(db, rdb, outbox.RelayConfig{Table: table})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var left int
+		db.QueryRow("SELECT count(*) FROM " + table).Scan(&left)
+		if left == 0 {
+			break
+		}
+		if _, err := r.RelayBatch(ctx); err != nil {
+			t.Log(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rows left %d", left)
+		}
+	}
+	got := a11Count(t, rdb, name)
+	if got[victim.ID] != 1 {
+		t.Fatalf("committed outbox job %s is in the stream %d times (stream: %v): a producer job with idempotency key %q suppressed it",
+			victim.ID, got[victim.ID], got, hostile.IdempotencyKey)
+	}
+}
