@@ -207,3 +207,54 @@ func TestAttack11_OnceScheduledThenNow(t *testing.T) {
 		t.Fatalf("dup after promotion job id %q want %q", j4.ID, first)
 	}
 }
+
+// Scheduled in the past, or far in the future: the job is promoted once, and no
+// marker is left without a time to live.
+func TestAttack11_OnceScheduledExtremes(t *testing.T) {
+	p, name, keys := a11Producer(t, time.Minute)
+	rdb := redistest.Shared(t)
+	ctx := context.Background()
+	for i, due := range []time.Time{time.Unix(0, 0), time.Unix(1, 0).Add(-time.Hour * 24 * 365), time.Now().Add(-2 * time.Minute), time.Now().Add(100 * 365 * 24 * time.Hour)} {
+		k := fmt.Sprintf("ext%d", i)
+		j := a11Job(t, k)
+		err := p.EnqueueAt(ctx, j, due)
+		pt := rdb.PTTL(ctx, keys.Once+k).Val()
+		if rdb.Exists(ctx, keys.Once+k).Val() == 1 && pt < 0 {
+			t.Fatalf("due %v: marker without TTL (%v), err %v", due, pt, err)
+		}
+		if err != nil {
+			continue
+		}
+		j2 := a11Job(t, k)
+		_ = p.EnqueueAt(ctx, j2, due)
+	}
+	// past-due jobs get promoted; each key at most twice (window passed allows a re-add),
+	// and none is missing
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := stream.PromoteDue(ctx, rdb, name, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 && rdb.ZCard(ctx, keys.Delayed).Val() <= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("promotion never finished")
+		}
+	}
+	if rdb.ZCard(ctx, keys.Delayed).Val() != 1 {
+		t.Fatalf("far-future job: delayed has %d members, want 1", rdb.ZCard(ctx, keys.Delayed).Val())
+	}
+	seen := map[string]int{}
+	for _, m := range rdb.XRange(ctx, name, "-", "+").Val() {
+		j, _ := stream.Decode(m.ID, m.Values)
+		seen[j.IdempotencyKey]++
+	}
+	for i := 0; i < 3; i++ {
+		if c := seen[fmt.Sprintf("ext%d", i)]; c < 1 {
+			t.Fatalf("ext%d promoted %d times", i, c)
+		}
+	}
+	t.Logf("promoted per key: %v", seen)
+}
