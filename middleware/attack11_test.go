@@ -19,6 +19,10 @@ import (
 )
 
 func a11Chain(t *testing.T, h consumer.HandlerFunc) (consumer.Handler, string, stream.Keys, *redis.Client) {
+	return a11ChainP(t, h, "")
+}
+
+func a11ChainP(t *testing.T, h consumer.HandlerFunc, lockPrefix string) (consumer.Handler, string, stream.Keys, *redis.Client) {
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	keys, err := stream.KeysFor(name)
@@ -28,7 +32,7 @@ func a11Chain(t *testing.T, h consumer.HandlerFunc) (consumer.Handler, string, s
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, "{"+name+"}*") })
 	store := idem.NewRedisStore(rdb, idem.RedisConfig{Retention: time.Hour})
 	ch := consumer.Chain(h,
-		middleware.Lock(rdb, middleware.LockConfig{TTL: 900 * time.Millisecond, ConflictDelay: time.Millisecond}),
+		middleware.Lock(rdb, middleware.LockConfig{Prefix: lockPrefix, TTL: 900 * time.Millisecond, ConflictDelay: time.Millisecond}),
 		middleware.Idempotency(store, middleware.IdempotencyConfig{InProgressDelay: time.Millisecond}))
 	return ch, name, keys, rdb
 }
@@ -59,6 +63,12 @@ func a11RunUntilNil(t *testing.T, h consumer.Handler, mk func() *stream.Job) err
 // Fused Lock+Idempotency: concurrent deliveries of one operation run it once; jobs of
 // one lock key with distinct operations never overlap and each runs once.
 func TestAttack11_FusedOnceAndExclusive(t *testing.T) {
+	for _, pfx := range []string{"", "a11shared:lock:"} { // fused, then lock in another slot (not fused)
+		t.Run("prefix="+pfx, func(t *testing.T) { a11OnceExclusive(t, pfx) })
+	}
+}
+
+func a11OnceExclusive(t *testing.T, pfx string) {
 	var (
 		running  atomic.Int32
 		overlaps atomic.Int32
@@ -67,7 +77,7 @@ func TestAttack11_FusedOnceAndExclusive(t *testing.T) {
 	)
 	var h consumer.Handler
 	var rdb *redis.Client
-	h, name, keys, rdb := a11Chain(t, func(ctx context.Context, j *stream.Job) error {
+	h, name, keys, rdb := a11ChainP(t, func(ctx context.Context, j *stream.Job) error {
 		if running.Add(1) != 1 {
 			overlaps.Add(1)
 		}
@@ -79,7 +89,11 @@ func TestAttack11_FusedOnceAndExclusive(t *testing.T) {
 		effects[j.IdempotencyKey]++
 		mu.Unlock()
 		return nil
-	})
+	}, pfx)
+	if pfx != "" {
+		keys.Lock = pfx
+		t.Cleanup(func() { redistest.DeleteKeys(rdb, pfx+"*") })
+	}
 	_ = rdb
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
