@@ -226,3 +226,46 @@ func splitSpace(s string) []string {
 	}
 	return append(out, cur)
 }
+
+// Redis frozen (SIGSTOP) while a fused Lock+Idempotency handler runs: the handler's
+// context is cancelled (lock or lease lost), and after Redis resumes the operation
+// completes exactly once more.
+func TestAttack11_FusedFrozenRedis(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	rdb := srv.Client(t, func(o *redis.Options) { o.ReadTimeout = 200 * time.Millisecond; o.WriteTimeout = 200 * time.Millisecond })
+	name := "{frz}"
+	store := idem.NewRedisStore(rdb, idem.RedisConfig{Retention: time.Hour})
+	started := make(chan struct{}, 1)
+	var phase, runs atomic.Int32
+	h := consumer.Chain(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		if phase.Load() == 0 {
+			started <- struct{}{}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(90 * time.Second):
+				return errors.New("never cancelled")
+			}
+		}
+		runs.Add(1)
+		return nil
+	}),
+		middleware.Lock(rdb, middleware.LockConfig{TTL: 900 * time.Millisecond, ConflictDelay: time.Millisecond}),
+		middleware.Idempotency(store, middleware.IdempotencyConfig{InProgressDelay: time.Millisecond, Lease: 900 * time.Millisecond}))
+	done := make(chan error, 1)
+	go func() { done <- h.Process(context.Background(), a11Job(name, "fop", "facct")) }()
+	<-started
+	srv.Stop()
+	err := <-done
+	srv.Cont()
+	if err == nil || err.Error() == "never cancelled" {
+		t.Fatalf("handler not cancelled while Redis was frozen past the TTL: %v", err)
+	}
+	phase.Store(1)
+	if err := a11RunUntilNil(t, h, func() *stream.Job { return a11Job(name, "fop", "facct") }); err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("runs %d", runs.Load())
+	}
+}
