@@ -185,7 +185,7 @@ func TestAttack11_OutboxLostReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	rdb.Ping(ctx) // warm the single connection so the match is on an idle one
-	px.DropReplies(1, "once:outbox")
+	px.DropReplies(1, "relayed:")
 	errs := 0
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -230,12 +230,13 @@ func TestAttack11_OutboxHostileTable(t *testing.T) {
 	}
 }
 
-// Namespace collision: the relay's marker is {s}:once:outbox:<job id>, a producer's
-// marker for idempotency key k is {s}:once:<k>. A producer job whose (hostile,
-// user-chosen) idempotency key is "outbox:<id>" must not make a committed outbox
-// job with that ID vanish.
+// Namespace collision: the relay's marker was {s}:once:outbox:<job id>, a
+// producer's marker for idempotency key k is {s}:once:<k>, so a producer job
+// whose (hostile, user-chosen) idempotency key was "outbox:<id>" made a
+// committed outbox job with that ID vanish. The relay's markers now live in
+// their own namespace ({s}:relayed:<job id>, ProducerConfig.OnceNamespace),
+// which no idempotency key reaches.
 func TestAttack11_OutboxMarkerCollision(t *testing.T) {
-	t.Skip("FINDING: a producer job with idempotency_key \"outbox:<id>\" (EnqueueOnce) makes the relay drop the committed outbox job <id> silently: both use {s}:once:outbox:<id>")
 	table, name := a11Setup(t)
 	db := pgtest.Open(t)
 	rdb := redistest.Shared(t)
@@ -244,10 +245,13 @@ func TestAttack11_OutboxMarkerCollision(t *testing.T) {
 	victim, _ := stream.NewJob("payment", 1)
 	victim.ID = "0190a0a0-0000-7000-8000-000000000001"
 	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, EnqueueOnce: time.Hour})
-	hostile, _ := stream.NewJob("spam", 2)
-	hostile.IdempotencyKey = "outbox:" + victim.ID
-	if _, err := p.Enqueue(ctx, hostile); err != nil {
-		t.Fatal(err)
+	var hostile *stream.Job
+	for _, k := range []string{"outbox:" + victim.ID, "relayed:" + victim.ID, ":relayed:" + victim.ID} {
+		hostile, _ = stream.NewJob("spam", 2)
+		hostile.IdempotencyKey = k
+		if _, err := p.Enqueue(ctx, hostile); err != nil {
+			t.Fatal(err)
+		}
 	}
 	tx, _ := db.BeginTx(ctx, nil)
 	if err := w.Enqueue(ctx, tx, victim); err != nil {

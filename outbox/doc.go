@@ -13,7 +13,7 @@
 // with SELECT … FOR UPDATE SKIP LOCKED, so that several relays (one per
 // service instance) never relay a row at the same time, adds the batch with
 // the stream package's enqueue-once script keyed by the row's job ID
-// (stream.ProducerConfig.OnceKey, marker {stream}:once:outbox:<job id>),
+// (stream.ProducerConfig.OnceNamespace "relayed": marker {stream}:relayed:<job id>, which no idempotency key reaches),
 // then deletes the rows and commits. A relay that dies anywhere in between
 // leaves its rows locked only until PostgreSQL sees its connection close;
 // the next relay adds them again, and the marker makes that add nothing. A

@@ -272,9 +272,10 @@ func (r *Relay) producer(s string) *stream.Producer {
 	p, ok := r.producers[s]
 	if !ok {
 		p = stream.NewProducer(r.rdb, stream.ProducerConfig{
-			Stream:      s,
-			EnqueueOnce: r.cfg.Window,
-			OnceKey:     func(j *stream.Job) string { return "outbox:" + j.ID },
+			Stream:        s,
+			EnqueueOnce:   r.cfg.Window,
+			OnceKey:       func(j *stream.Job) string { return j.ID },
+			OnceNamespace: "relayed",
 		})
 		r.producers[s] = p
 	}

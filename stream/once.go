@@ -56,7 +56,6 @@ func OnceKey(stream, key string) (string, error) {
 // error), sets the ID of each duplicate to its first job's, and joins the
 // errors, each meaning "maybe enqueued" for its jobs.
 func (p *Producer) enqueueOnce(ctx context.Context, jobs []*Job, all []*redis.XAddArgs) ([]string, error) {
-	keys, _ := KeysFor(p.cfg.Stream)
 	type chunk struct {
 		from, to int
 		keys     []string
@@ -71,7 +70,7 @@ func (p *Producer) enqueueOnce(ctx context.Context, jobs []*Job, all []*redis.XA
 		for i := from; i < to; i++ {
 			marker := 0
 			if k := p.onceKey(jobs[i]); k != "" {
-				c.keys = append(c.keys, keys.Once+k)
+				c.keys = append(c.keys, p.onceAt+k)
 				marker = len(c.keys)
 			}
 			fields := all[i].Values.([]any)
@@ -155,6 +154,6 @@ func (p *Producer) scheduleArgs(job *Job, mode string, ms int64, member string) 
 	if k == "" {
 		return []string{keys.Delayed}, []any{mode, ms, member}
 	}
-	return []string{keys.Delayed, keys.Once + k},
+	return []string{keys.Delayed, p.onceAt + k},
 		[]any{mode, ms, member, strconv.FormatInt(p.cfg.EnqueueOnce.Milliseconds(), 10), job.ID}
 }

@@ -29,6 +29,15 @@ type ProducerConfig struct {
 	// is added as usual. Package outbox uses it to add each outbox row once.
 	// Defaults to the job's IdempotencyKey.
 	OnceKey func(job *Job) string
+	// OnceNamespace names the namespace of the markers within the queue's:
+	// a marker is the queue's prefix + ":" + OnceNamespace + ":" + key
+	// ({orders}:once:<key> for queue orders by default). Producers of
+	// different namespaces never see each other's markers, whatever their
+	// keys: package outbox uses "relayed", so that no idempotency key can
+	// suppress a relayed job. It must be letters, digits, '-' or '_', and
+	// none of the queue's other key names (dlq, delayed, crashes, idem,
+	// lock, rate, limit). Defaults to "once".
+	OnceNamespace string
 	// MaxLen, when positive, trims the stream to about MaxLen entries on every
 	// XADD (XADD MAXLEN ~). Redis trims by count and does not look at consumer
 	// groups: an entry that is still unread or pending is removed all the same,
@@ -63,6 +72,8 @@ type ProducerConfig struct {
 type Producer struct {
 	rdb redis.UniversalClient
 	cfg ProducerConfig
+	// once is the prefix of the producer's enqueue-once markers.
+	onceAt string
 
 	mu  sync.Mutex
 	rnd *bufio.Reader // crypto/rand, buffered: one read serves many job IDs
@@ -80,7 +91,15 @@ func NewProducer(rdb redis.UniversalClient, cfg ProducerConfig) *Producer {
 	if cfg.EnqueueOnce != 0 && cfg.EnqueueOnce < time.Millisecond {
 		panic(fmt.Sprintf("stream: ProducerConfig.EnqueueOnce (%v) must be 0 or at least 1ms", cfg.EnqueueOnce))
 	}
-	return &Producer{rdb: rdb, cfg: cfg, rnd: bufio.NewReaderSize(rand.Reader, 4096)}
+	ns := cfg.OnceNamespace
+	if ns == "" {
+		ns = "once"
+	}
+	if !validOnceNamespace(ns) {
+		panic(fmt.Sprintf("stream: ProducerConfig.OnceNamespace (%q) must be letters, digits, '-' or '_', and not a name the queue's other keys use", cfg.OnceNamespace))
+	}
+	once, _ := DerivedKey(cfg.Stream, ns+":")
+	return &Producer{rdb: rdb, cfg: cfg, onceAt: once, rnd: bufio.NewReaderSize(rand.Reader, 4096)}
 }
 
 // Enqueue adds job to the stream and returns the new entry's ID. It sets
@@ -170,4 +189,19 @@ func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) 
 		Approx: p.cfg.MaxLen > 0,
 		Values: Encode(job),
 	}, nil
+}
+
+// validOnceNamespace reports whether ns may name enqueue-once markers (see
+// ProducerConfig.OnceNamespace).
+func validOnceNamespace(ns string) bool {
+	switch ns {
+	case "dlq", "delayed", "crashes", "idem", "lock", "rate", "limit":
+		return false
+	}
+	for _, r := range ns {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return ns != ""
 }
