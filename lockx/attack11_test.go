@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/pelicanqueue/pelican/internal/redistest"
-	"github.com/redis/go-redis/v9"
 	"github.com/pelicanqueue/pelican/lockx"
+	"github.com/redis/go-redis/v9"
 )
 
 func a11Client(t *testing.T) (*lockx.Client, string) {
@@ -177,7 +177,10 @@ func TestAttack11_LossCancelsGuard(t *testing.T) {
 // Redis frozen (SIGSTOP) past the TTL: Lost must close (renewals failed for a whole TTL).
 func TestAttack11_FrozenRedisLoses(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	rdb := srv.Client(t, func(o *redis.Options) { o.ReadTimeout = 200 * time.Millisecond; o.WriteTimeout = 200 * time.Millisecond })
+	rdb := srv.Client(t, func(o *redis.Options) {
+		o.ReadTimeout = 200 * time.Millisecond
+		o.WriteTimeout = 200 * time.Millisecond
+	})
 	c := lockx.New(rdb, lockx.Config{})
 	ctx := context.Background()
 	l, err := c.TryAcquire(ctx, "frozen", time.Second)

@@ -232,7 +232,10 @@ func splitSpace(s string) []string {
 // completes exactly once more.
 func TestAttack11_FusedFrozenRedis(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	rdb := srv.Client(t, func(o *redis.Options) { o.ReadTimeout = 200 * time.Millisecond; o.WriteTimeout = 200 * time.Millisecond })
+	rdb := srv.Client(t, func(o *redis.Options) {
+		o.ReadTimeout = 200 * time.Millisecond
+		o.WriteTimeout = 200 * time.Millisecond
+	})
 	name := "{frz}"
 	store := idem.NewRedisStore(rdb, idem.RedisConfig{Retention: time.Hour})
 	started := make(chan struct{}, 1)
