@@ -109,7 +109,7 @@ func TestAttack11_DecideMatchesSettlement(t *testing.T) {
 		Concurrency: 4, MaxAttempts: 3,
 		Backoff:         consumer.Backoff{Base: 10 * time.Millisecond, Cap: 40 * time.Millisecond},
 		PromoteInterval: 20 * time.Millisecond, Block: 100 * time.Millisecond,
-		KeepSettled:     true,
+		KeepSettled: true,
 		OnDeadLetter: func(_ context.Context, d consumer.DeadLetter) {
 			mu.Lock()
 			dls = append(dls, d)

@@ -179,7 +179,7 @@ func TestAttack11_PrefetchShutdownGivesBack(t *testing.T) {
 			Stream: name, Group: "g", Consumer: who,
 			Concurrency: 1, Prefetch: queued,
 			VisibilityTimeout: 3 * time.Second,
-			SweepInterval: 100 * time.Millisecond, Block: 100 * time.Millisecond,
+			SweepInterval:     100 * time.Millisecond, Block: 100 * time.Millisecond,
 			IdleConsumerTimeout: -1, ShutdownTimeout: 200 * time.Millisecond,
 		}
 	}
