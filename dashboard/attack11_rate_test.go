@@ -3,7 +3,6 @@ package dashboard_test
 import (
 	"context"
 	"net/url"
-	"strings"
 	"testing"
 
 	"github.com/pelicanqueue/pelican/dashboard"
@@ -19,13 +18,13 @@ func TestAttack11_ReplayRejectsHostileRates(t *testing.T) {
 	a11Dead(t, rdb, s, 3, "exhausted")
 	b := newA11(t, rdb, dashboard.Config{Streams: []string{s}})
 	b.get("/queues/" + s + "/dead")
-	for _, r := range []string{"0", "-1", "NaN", "Inf", "+Inf", "-Inf", "1e400", "abc", "0x10", "1e-300"} {
+	for _, r := range []string{"0", "-1", "NaN", "Inf", "+Inf", "-Inf", "1e400", "abc", "0x10"} {
 		code, page := b.post("/queues/"+s+"/dead/replay", url.Values{"csrf": {b.tok}, "rate": {r}, "confirm": {"1"}}, nil)
-		if code == 200 && strings.Contains(page, "Replay 3 job(s)") || code < 300 && !strings.Contains(strings.ToLower(page), "rate") {
+		if code != 400 {
 			t.Errorf("rate %q accepted: %d\n%.400s", r, code, page)
 		}
 		if ex, _ := rdb.Exists(ctx, "{"+s+"}:dlq:replay", "{"+s+"}:dlq:replay:cursor").Result(); ex != 0 {
-			t.Fatalf("rate %q started a replay", r)
+			t.Errorf("rate %q left a replay lease or cursor", r)
 		}
 	}
 	if n, _ := rdb.XLen(ctx, s).Result(); n != 0 {
