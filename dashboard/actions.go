@@ -57,7 +57,7 @@ func (d *Dashboard) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	rate := d.cfg.ReplayRate
 	if s := r.PostForm.Get("rate"); s != "" {
-		if rate, err = strconv.ParseFloat(s, 64); err != nil || rate <= 0 || rate > 1e6 {
+		if rate, err = strconv.ParseFloat(s, 64); err != nil || !(rate > 0 && rate <= 1e6) { // NaN fails both
 			d.fail(w, r, http.StatusBadRequest, "rate must be a number of jobs per second above 0", nil)
 			return
 		}

@@ -203,7 +203,7 @@ func (d *Dashboard) deadList(w http.ResponseWriter, r *http.Request) {
 	}
 	data.Next = next
 	for _, e := range es {
-		row := deadRow{ID: e.ID, Type: e.Type(), Reason: e.Reason, Error: e.Error, DeadAt: e.DeadAt, Attempts: e.Attempts}
+		row := deadRow{ID: e.ID, Type: d.clip(e.Type()), Reason: e.Reason, Error: d.clip(e.Error), DeadAt: e.DeadAt, Attempts: e.Attempts}
 		row.JobID, _ = e.Value(stream.FieldJobID)
 		data.Rows = append(data.Rows, row)
 	}
@@ -225,6 +225,8 @@ type entryData struct {
 	ErrorHistory []string
 	TraceID      string
 	TraceLink    string
+	// Type and Error are the entry's, cut at MaxValueBytes.
+	Type, Error string
 }
 
 var traceIDRe = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -257,13 +259,15 @@ func (d *Dashboard) deadEntry(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusBadGateway, "cannot read the dead letter", err)
 		return
 	}
-	data := entryData{Stream: q.Source(), Entry: &e}
+	data := entryData{Stream: q.Source(), Entry: &e, Type: d.clip(e.Type()), Error: d.clip(e.Error)}
 	for _, f := range e.Fields {
 		data.Fields = append(data.Fields, fieldView{Name: f.Name, Value: showValue([]byte(f.Value), d.cfg.MaxValueBytes)})
 	}
 	if e.Job != nil {
 		data.Payload, data.PayloadKind = decodePayload(e.Job.Payload, e.Job.ContentType, d.cfg.MaxValueBytes)
-		data.ErrorHistory = e.Job.ErrorHistory
+		for _, h := range e.Job.ErrorHistory {
+			data.ErrorHistory = append(data.ErrorHistory, d.clip(h))
+		}
 		data.TraceID = traceID(e.Job.TraceParent)
 	} else {
 		data.DecodeErr = e.DecodeErr.Error()
@@ -272,4 +276,14 @@ func (d *Dashboard) deadEntry(w http.ResponseWriter, r *http.Request) {
 		data.TraceLink = strings.ReplaceAll(d.cfg.TraceURL, "{trace_id}", data.TraceID)
 	}
 	d.render(w, r, http.StatusOK, "entry", "Dead letter "+id, false, data)
+}
+
+// clip cuts a value a producer controls (a job type, an error text) at
+// Config.MaxValueBytes, marking the cut with the value's size.
+func (d *Dashboard) clip(s string) string {
+	t, cutShort := cut(s, d.cfg.MaxValueBytes)
+	if !cutShort {
+		return s
+	}
+	return t + " …(cut: " + fmtBytes(len(s)) + ")"
 }

@@ -121,7 +121,7 @@ func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
 		_, _ = pipe.Exec(ctx)
 		for i, c := range cmds {
 			if ms, err := c.Result(); err == nil && len(ms) == 1 {
-				data.Stuck[i].Type = field(ms[0].Values, stream.FieldType)
+				data.Stuck[i].Type = d.clip(field(ms[0].Values, stream.FieldType))
 				data.Stuck[i].JobID = field(ms[0].Values, stream.FieldJobID)
 			} else if err == nil {
 				data.Stuck[i].Type = "(entry deleted)"
@@ -145,7 +145,7 @@ func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
 			for i := 0; i+1 < len(fields); i += 2 {
 				switch fields[i] {
 				case stream.FieldType:
-					dj.Type = fields[i+1]
+					dj.Type = d.clip(fields[i+1])
 				case stream.FieldJobID:
 					dj.JobID = fields[i+1]
 				case stream.FieldAttempt:
@@ -163,7 +163,7 @@ func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, m := range ms {
-		e := recentEntry{ID: m.ID, Type: field(m.Values, stream.FieldType), JobID: field(m.Values, stream.FieldJobID),
+		e := recentEntry{ID: m.ID, Type: d.clip(field(m.Values, stream.FieldType)), JobID: d.clip(field(m.Values, stream.FieldJobID)),
 			Attempt: field(m.Values, stream.FieldAttempt), Fields: len(m.Values)}
 		e.At, _ = stream.EntryTime(m.ID)
 		data.Recent = append(data.Recent, e)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -156,9 +157,16 @@ func (g *gate) middleware(next consumer.Handler) consumer.Handler {
 			return context.Cause(ctx)
 		}
 		seen := *job
+		g.job, g.entryID = &seen, job.EntryID
+		defer close(g.ran) // after a panic too: the consumer recovers it and settles the job
+		defer func() {
+			if v := recover(); v != nil {
+				g.err = &consumer.PanicError{Value: v, Stack: debug.Stack()}
+				panic(v)
+			}
+		}()
 		err := next.Process(ctx, job)
-		g.job, g.err, g.entryID = &seen, err, job.EntryID
-		close(g.ran)
+		g.err = err
 		return err
 	})
 }
