@@ -235,9 +235,13 @@ func (c *Consumer) sweep(ctx context.Context) {
 	var at time.Time // Sweep calls take just before each XAUTOCLAIM
 	take := func(n int) int {
 		at = time.Now()
+		// A sweep cut off from Redis holds up the reads after it: health
+		// counts it as a read (see health.go).
+		c.health.read.sent(at)
 		return c.tryAcquire(n)
 	}
 	err := c.claimer.Sweep(ctx, c.r.VisibilityTimeout, take, func(reserved int, claimed []claim.Entry, deleted []string) {
+		c.health.read.done(at, nil)
 		c.reportLost(deleted, "reclaiming")
 		c.stats.reclaimed.Add(uint64(len(claimed)))
 		if len(claimed) > 0 {
@@ -246,6 +250,9 @@ func (c *Consumer) sweep(ctx context.Context) {
 		}
 		c.dispatchOwned(reserved, claimed, at)
 	})
+	if !at.IsZero() {
+		c.health.read.done(at, err)
+	}
 	if err != nil {
 		c.recoverGroup(ctx, err)
 		if ctx.Err() == nil {
