@@ -160,35 +160,50 @@ func TestDistributedConcurrency_renewal(t *testing.T) {
 	t.Parallel()
 	t.Run("KeepsTheSlotOfALongJob", func(t *testing.T) {
 		t.Parallel()
-		prefix, clients := distSetup(t, 2)
-		const lease = 150 * time.Millisecond
-		cfg := middleware.DistributedConcurrencyConfig{Limit: 1, Prefix: prefix, Lease: lease}
-		started, release := make(chan struct{}), make(chan struct{})
-		a := middleware.DistributedConcurrency(clients[0], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
-			close(started)
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return context.Cause(ctx)
+		// A run in which this process or Redis went Lease/3 or longer
+		// without a reply (a busy machine) checked nothing, and is repeated
+		// with a wider lease.
+		redistest.Widen(t, "lease", 150*time.Millisecond, func(t *testing.T, lease time.Duration) time.Duration {
+			prefix, clients := distSetup(t, 2)
+			stalls := redistest.WatchStalls(clients[0], 2*redistest.StallInterval)
+			defer stalls.Stop()
+			cfg := middleware.DistributedConcurrencyConfig{Limit: 1, Prefix: prefix, Lease: lease}
+			started, release := make(chan struct{}), make(chan struct{})
+			a := middleware.DistributedConcurrency(clients[0], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+				close(started)
+				select {
+				case <-release:
+					return nil
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				}
+			}))
+			res := make(chan error, 1)
+			go func() { res <- a.Process(context.Background(), &stream.Job{Type: "export"}) }()
+			<-started
+			b := middleware.DistributedConcurrency(clients[1], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+				return errors.New("B ran while A held the only slot")
+			}))
+			// For 4 leases, B never gets in.
+			var failed bool
+			for end := time.Now().Add(4 * lease); time.Now().Before(end) && !failed; time.Sleep(10 * time.Millisecond) {
+				_, ok := snoozeDelay(b.Process(context.Background(), &stream.Job{Type: "export"}))
+				failed = !ok
 			}
-		}))
-		res := make(chan error, 1)
-		go func() { res <- a.Process(context.Background(), &stream.Job{Type: "export"}) }()
-		<-started
-		b := middleware.DistributedConcurrency(clients[1], cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
-			return errors.New("B ran while A held the only slot")
-		}))
-		// For 4 leases, B never gets in.
-		for end := time.Now().Add(4 * lease); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-			if _, ok := snoozeDelay(b.Process(context.Background(), &stream.Job{Type: "export"})); !ok {
+			close(release)
+			aerr := <-res
+			if stall := stalls.Longest(); (failed || aerr != nil) && stall >= lease/3 {
+				t.Logf("the run checked nothing: this process or Redis went %v without a reply, Lease/3 = %v", stall, lease/3)
+				return 4 * stall
+			}
+			if failed {
 				t.Fatal("B was not snoozed: A's lease was not renewed")
 			}
-		}
-		close(release)
-		if err := <-res; err != nil {
-			t.Fatalf("A: %v", err)
-		}
+			if aerr != nil {
+				t.Fatalf("A: %v", aerr)
+			}
+			return 0
+		})
 	})
 	t.Run("LostLeaseCancelsTheHandler", func(t *testing.T) {
 		t.Parallel()
