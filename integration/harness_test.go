@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -552,17 +553,7 @@ func (s *scenario) dead() []redis.XMessage {
 // test with cond's last message after timeout.
 func eventually(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, timeout, cond)
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writes and reads.
