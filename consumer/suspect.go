@@ -130,9 +130,7 @@ func (c *Consumer) runSuspects(ctx context.Context, intakeDone <-chan struct{}) 
 // runShared starts suspect r beside other jobs if it has no counted run
 // yet, and queues it to run alone otherwise.
 func (c *Consumer) runShared(ctx context.Context, r suspectRun) {
-	select {
-	case <-c.slots:
-	case <-ctx.Done():
+	if c.acquire(ctx, 1) == 0 {
 		c.abandonSuspect(r)
 		return
 	}
@@ -157,12 +155,19 @@ func (c *Consumer) runAlone(ctx context.Context, r suspectRun) {
 		select {
 		case <-c.slots:
 		case <-ctx.Done():
-			c.release(i)
+			c.releaseLocal(i)
 			c.abandonSuspect(r)
 			return
 		}
 	}
-	defer c.release(c.r.Concurrency)
+	defer c.releaseLocal(c.r.Concurrency)
+	// In a Pool it runs alone on its queue's consumer, in one slot of the
+	// shared budget.
+	if !c.share.acquire(ctx) {
+		c.abandonSuspect(r)
+		return
+	}
+	defer c.share.release(1)
 	c.runSuspect(r, "alone")
 }
 

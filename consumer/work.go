@@ -128,6 +128,10 @@ func (c *Consumer) runQueued(ctx context.Context, t *task) {
 	case <-ctx.Done():
 	}
 	c.gate.RUnlock()
+	if slot && !c.share.acquire(ctx) { // a Pool's budget (budget.go)
+		c.releaseLocal(1)
+		slot = false
+	}
 	if slot {
 		defer c.release(1)
 	}

@@ -1,0 +1,137 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// fill enqueues n jobs to stream s, each with payload "<s>/<i>".
+func fill(t *testing.T, rdb redis.UniversalClient, s string, n int) {
+	t.Helper()
+	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: s})
+	for i := 0; i < n; i += 500 {
+		var jobs []*stream.Job
+		for j := i; j < min(n, i+500); j++ {
+			jobs = append(jobs, &stream.Job{Type: "t", Payload: fmt.Appendf(nil, "%s/%d", s, j)})
+		}
+		if _, err := p.EnqueueBatch(context.Background(), jobs); err != nil {
+			t.Fatalf("EnqueueBatch: %v", err)
+		}
+	}
+}
+
+// TestPool_weightedRatio: three backlogged streams with weights 6/3/1
+// start jobs 60/30/10 (each within 10% of its share) over 3,000 starts, and
+// every job runs once. The ratio holds only while every queue has a job
+// waiting at each start (reads keep up); the budget counts the starts for
+// which that held, and a run in which it did not for most of them (a
+// stalled machine) is repeated with longer jobs.
+func TestPool_weightedRatio(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	weights := []int{6, 3, 1}
+	backlog := []int{2400, 1200, 500} // more than 1800/900/300: backlogged through 3,000 starts
+	const starts = 3000
+	for attempt, run := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 8 * time.Millisecond} {
+		prefix := "{" + redistest.Prefix(t, rdb) + "}"
+		p := NewPool(rdb, PoolConfig{Concurrency: 10, Logger: slog.New(slog.DiscardHandler)})
+		var seq atomic.Int64
+		counts := make([]atomic.Int64, len(weights)) // starts among the first 3,000
+		var mu sync.Mutex
+		ran := map[string]int{}
+		var contended, snapped atomic.Int64
+		var queues []*Queue
+		for i, w := range weights {
+			s := fmt.Sprintf("%s:q%d", prefix, i)
+			fill(t, rdb, s, backlog[i])
+			q := p.Add(Config{Stream: s, Group: "g", Consumer: "c", Block: 50 * time.Millisecond},
+				QueueOptions{Weight: w})
+			q.Handle(HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+				n := seq.Add(1)
+				if n <= starts {
+					counts[i].Add(1)
+				}
+				if n == starts && snapped.CompareAndSwap(0, 1) {
+					var c uint64
+					p.budget.mu.Lock()
+					for _, s := range p.budget.shares {
+						c += s.contention
+					}
+					p.budget.mu.Unlock()
+					contended.Store(int64(c))
+				}
+				time.Sleep(run)
+				mu.Lock()
+				ran[string(job.Payload)]++
+				mu.Unlock()
+				return nil
+			}))
+			queues = append(queues, q)
+		}
+		total := 0
+		for _, b := range backlog {
+			total += b
+		}
+		done := make(chan error, 1)
+		go func() { done <- p.Run(context.Background()) }()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			var acked uint64
+			for _, q := range queues {
+				acked += q.Stats().Acked
+			}
+			if acked >= uint64(total) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("only %d of %d jobs acknowledged within 60s", acked, total)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := p.Shutdown(sctx); err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		// Nothing lost, nothing doubled.
+		if len(ran) != total {
+			t.Fatalf("%d distinct jobs ran, want %d", len(ran), total)
+		}
+		for k, n := range ran {
+			if n != 1 {
+				t.Fatalf("job %s ran %d times", k, n)
+			}
+		}
+		for _, q := range queues {
+			if n, _ := rdb.XLen(context.Background(), q.Stream()).Result(); n != 0 {
+				t.Errorf("stream %s still holds %d entries", q.Stream(), n)
+			}
+		}
+		got := []int64{counts[0].Load(), counts[1].Load(), counts[2].Load()}
+		t.Logf("job run %v: starts %v of %d, %d of them with every queue waiting", run, got, starts, contended.Load())
+		if contended.Load() < starts*9/10 && attempt < 2 {
+			t.Logf("reads did not keep every queue waiting (%d of %d starts); again with longer jobs", contended.Load(), starts)
+			continue
+		}
+		for i, w := range weights {
+			want := float64(starts*w) / 10
+			if d := float64(got[i]) - want; d < -want/10 || d > want/10 {
+				t.Errorf("queue of weight %d started %d of the first %d jobs, want %v ± 10%%", w, got[i], starts, want)
+			}
+		}
+		return
+	}
+}
