@@ -135,6 +135,49 @@ func (s *share) release(n int) {
 	b.grant()
 }
 
+// keep is release(1) followed by acquire, in one step, for a worker that
+// holds a slot and has its queue's next job to start: it keeps the slot
+// when no waiting queue goes before its own, and otherwise hands it over
+// and waits for another. So a queue whose workers are all running is not
+// passed over in the instant between one job and the next. It returns
+// false, holding none, when ctx is done first.
+func (s *share) keep(ctx context.Context) bool {
+	if s == nil {
+		return true
+	}
+	b := s.b
+	b.mu.Lock()
+	if s.used <= s.min {
+		b.lacking++
+	}
+	s.used--
+	b.free++
+	if b.eligible(s) {
+		better, all := false, true
+		for _, t := range b.shares {
+			if t == s {
+				continue
+			}
+			if len(t.waiters) == 0 {
+				all = false
+			} else if b.eligible(t) && b.before(t, s) {
+				better = true
+			}
+		}
+		if !better {
+			if all {
+				s.contention++
+			}
+			b.take(s)
+			b.mu.Unlock()
+			return true
+		}
+	}
+	b.grant()
+	b.mu.Unlock()
+	return s.acquire(ctx)
+}
+
 // eligible reports whether s may take a slot now: one is free, and taking
 // it leaves enough for the queues below their Min (s's own reservation
 // counts for s).

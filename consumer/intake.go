@@ -19,36 +19,19 @@ import (
 
 // acquire waits for one free worker slot, then takes up to max-1 more
 // without waiting. It returns 0 when ctx is done.
-// A worker slot is a token of c.slots and, in a Pool, a slot of the
-// pool's shared budget (c.share, budget.go), taken in that order.
 func (c *Consumer) acquire(ctx context.Context, max int) int {
 	select {
 	case <-c.slots:
 	case <-ctx.Done():
 		return 0
 	}
-	if !c.share.acquire(ctx) {
-		c.releaseLocal(1)
-		return 0
-	}
 	return 1 + c.tryAcquire(max-1)
 }
 
 // tryAcquire takes up to max free slots without waiting.
-func (c *Consumer) tryAcquire(max int) int {
-	n := tryTake(c.slots, max)
-	got := c.share.tryAcquire(n)
-	c.releaseLocal(n - got)
-	return got
-}
+func (c *Consumer) tryAcquire(max int) int { return tryTake(c.slots, max) }
 
 func (c *Consumer) release(n int) {
-	c.share.release(n)
-	c.releaseLocal(n)
-}
-
-// releaseLocal returns n tokens of c.slots only.
-func (c *Consumer) releaseLocal(n int) {
 	for range n {
 		c.slots <- struct{}{}
 	}
@@ -228,7 +211,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Time) {
 	for i, e := range entries {
 		if i >= reserved {
-			c.acquire(c.base, 1) // wait until a slot frees up
+			<-c.slots // wait until a slot frees up
 		}
 		c.dispatch(delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at}, false)
 	}

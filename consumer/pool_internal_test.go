@@ -40,35 +40,44 @@ func TestPool_weightedRatio(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Shared(t)
 	weights := []int{6, 3, 1}
-	backlog := []int{2400, 1200, 500} // more than 1800/900/300: backlogged through 3,000 starts
-	const starts = 3000
-	for attempt, run := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 8 * time.Millisecond} {
+	// The first starts, while the queues start reading one after the other,
+	// are not counted; the backlogs outlast the 3,000 counted ones.
+	const warmup, starts = 200, 3000
+	backlog := []int{2400, 1300, 600}
+	for attempt, run := range []time.Duration{2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond} {
 		prefix := "{" + redistest.Prefix(t, rdb) + "}"
 		p := NewPool(rdb, PoolConfig{Concurrency: 10, Logger: slog.New(slog.DiscardHandler)})
 		var seq atomic.Int64
 		counts := make([]atomic.Int64, len(weights)) // starts among the first 3,000
 		var mu sync.Mutex
 		ran := map[string]int{}
-		var contended, snapped atomic.Int64
+		var contended [2]atomic.Int64 // at the first and the last counted start
+		contention := func() int64 {
+			var c uint64
+			p.budget.mu.Lock()
+			for _, s := range p.budget.shares {
+				c += s.contention
+			}
+			p.budget.mu.Unlock()
+			return int64(c)
+		}
 		var queues []*Queue
 		for i, w := range weights {
 			s := fmt.Sprintf("%s:q%d", prefix, i)
 			fill(t, rdb, s, backlog[i])
-			q := p.Add(Config{Stream: s, Group: "g", Consumer: "c", Block: 50 * time.Millisecond},
+			// A Prefetch large enough that reads keep every queue waiting.
+			q := p.Add(Config{Stream: s, Group: "g", Consumer: "c", Block: 50 * time.Millisecond, Prefetch: 50},
 				QueueOptions{Weight: w})
 			q.Handle(HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 				n := seq.Add(1)
-				if n <= starts {
+				if warmup < n && n <= warmup+starts {
 					counts[i].Add(1)
 				}
-				if n == starts && snapped.CompareAndSwap(0, 1) {
-					var c uint64
-					p.budget.mu.Lock()
-					for _, s := range p.budget.shares {
-						c += s.contention
-					}
-					p.budget.mu.Unlock()
-					contended.Store(int64(c))
+				switch n {
+				case warmup + 1:
+					contended[0].Store(contention())
+				case warmup + starts:
+					contended[1].Store(contention())
 				}
 				time.Sleep(run)
 				mu.Lock()
@@ -121,9 +130,13 @@ func TestPool_weightedRatio(t *testing.T) {
 			}
 		}
 		got := []int64{counts[0].Load(), counts[1].Load(), counts[2].Load()}
-		t.Logf("job run %v: starts %v of %d, %d of them with every queue waiting", run, got, starts, contended.Load())
-		if contended.Load() < starts*9/10 && attempt < 2 {
-			t.Logf("reads did not keep every queue waiting (%d of %d starts); again with longer jobs", contended.Load(), starts)
+		waited := contended[1].Load() - contended[0].Load()
+		t.Logf("job run %v: starts %v of %d, about %d of them with every queue waiting", run, got, starts, waited)
+		if waited < starts*97/100 {
+			if attempt == 2 {
+				t.Fatalf("reads did not keep every queue waiting for 97%% of the starts (%d of %d), even with %v jobs", waited, starts, run)
+			}
+			t.Logf("reads did not keep every queue waiting (%d of %d starts); again with longer jobs", waited, starts)
 			continue
 		}
 		for i, w := range weights {

@@ -130,7 +130,14 @@ func (c *Consumer) runSuspects(ctx context.Context, intakeDone <-chan struct{}) 
 // runShared starts suspect r beside other jobs if it has no counted run
 // yet, and queues it to run alone otherwise.
 func (c *Consumer) runShared(ctx context.Context, r suspectRun) {
-	if c.acquire(ctx, 1) == 0 {
+	select {
+	case <-c.slots:
+	case <-ctx.Done():
+		c.abandonSuspect(r)
+		return
+	}
+	if !c.share.acquire(ctx) { // a Pool's budget (budget.go)
+		c.release(1)
 		c.abandonSuspect(r)
 		return
 	}
@@ -138,6 +145,7 @@ func (c *Consumer) runShared(ctx context.Context, r suspectRun) {
 	go func() {
 		defer c.shared.Done()
 		defer c.release(1)
+		defer c.share.release(1)
 		if !c.runSuspect(r, "shared") {
 			r.alone = true
 			c.alone.push(r)
@@ -155,12 +163,12 @@ func (c *Consumer) runAlone(ctx context.Context, r suspectRun) {
 		select {
 		case <-c.slots:
 		case <-ctx.Done():
-			c.releaseLocal(i)
+			c.release(i)
 			c.abandonSuspect(r)
 			return
 		}
 	}
-	defer c.releaseLocal(c.r.Concurrency)
+	defer c.release(c.r.Concurrency)
 	// In a Pool it runs alone on its queue's consumer, in one slot of the
 	// shared budget.
 	if !c.share.acquire(ctx) {
