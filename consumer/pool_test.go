@@ -338,7 +338,9 @@ func TestPool_Shutdown(t *testing.T) {
 func TestPool_Validate(t *testing.T) {
 	t.Parallel()
 	h := consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil })
-	q := func(s string) consumer.Config { return consumer.Config{Stream: s, Group: "g"} }
+	// StartTimeout -1: a configuration wrongly accepted fails at once on the
+	// unreachable address instead of waiting for it.
+	q := func(s string) consumer.Config { return consumer.Config{Stream: s, Group: "g", StartTimeout: -1} }
 	for _, tc := range []struct {
 		name string
 		cfg  consumer.PoolConfig
