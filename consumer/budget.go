@@ -39,12 +39,12 @@ func newBudget(n int, strict bool) *budget { return &budget{free: n, strict: str
 
 // share is one queue's part of the budget.
 type share struct {
-	b                  *budget
-	min, weight, prio  int
-	used               int // slots held; guarded by b.mu
-	pass               uint64
-	waiters            []*slotWaiter
-	starts, contention uint64 // grants; grants while every queue waited (tests)
+	b                 *budget
+	min, weight, prio int
+	used              int // slots held; guarded by b.mu
+	pass              uint64
+	waiters           []*slotWaiter
+	contention        uint64 // grants made while every queue waited (for tests)
 }
 
 type slotWaiter struct {
@@ -195,7 +195,6 @@ func (b *budget) take(s *share) {
 	}
 	s.used++
 	b.free--
-	s.starts++
 	if s.pass > b.vt {
 		b.vt = s.pass
 	}

@@ -416,8 +416,10 @@ type PoolHealth struct {
 
 // QueueHealth is one queue's part of [PoolHealth].
 type QueueHealth struct {
+	// Stream and Group name the queue.
 	Stream string `json:"stream"`
 	Group  string `json:"group"`
+	// Health is the queue's consumer's [Consumer.Health].
 	Health
 	// Running is the number of the pool's slots the queue holds (jobs
 	// running); Waiting the number of its jobs waiting for one.

@@ -323,6 +323,13 @@ func TestPool_Shutdown(t *testing.T) {
 	if err := stop2(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
+	for _, q := range qs {
+		// The given-back jobs came to the second pool by its sweep (a
+		// reclaim, run as a suspect), in a slot of its budget.
+		if st := q.Stats(); st.Reclaimed == 0 {
+			t.Errorf("stream %s: the second pool reclaimed nothing: %+v", q.Stream(), st)
+		}
+	}
 	if len(done) != 3*perQueue {
 		t.Errorf("%d distinct jobs done, want %d", len(done), 3*perQueue)
 	}
