@@ -44,29 +44,32 @@ func TestPool_weightedRatio(t *testing.T) {
 	// are not counted; the backlogs outlast the 3,000 counted ones.
 	const warmup, starts = 200, 3000
 	backlog := []int{2400, 1300, 600}
-	for attempt, run := range []time.Duration{2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond} {
+	runs := []time.Duration{2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond}
+	for attempt, run := range runs {
 		prefix := "{" + redistest.Prefix(t, rdb) + "}"
 		p := NewPool(rdb, PoolConfig{Concurrency: 10, Logger: slog.New(slog.DiscardHandler)})
 		var seq atomic.Int64
 		counts := make([]atomic.Int64, len(weights)) // starts among the first 3,000
 		var mu sync.Mutex
 		ran := map[string]int{}
-		var contended [2]atomic.Int64 // at the first and the last counted start
-		contention := func() int64 {
-			var c uint64
+		// Each queue's starts made while every queue waited, at the first
+		// and the last counted start.
+		var contended [2][]uint64
+		contention := func() []uint64 {
 			p.budget.mu.Lock()
+			defer p.budget.mu.Unlock()
+			var c []uint64
 			for _, s := range p.budget.shares {
-				c += s.contention
+				c = append(c, s.contention)
 			}
-			p.budget.mu.Unlock()
-			return int64(c)
+			return c
 		}
 		var queues []*Queue
 		for i, w := range weights {
 			s := fmt.Sprintf("%s:q%d", prefix, i)
 			fill(t, rdb, s, backlog[i])
 			// A Prefetch large enough that reads keep every queue waiting.
-			q := p.Add(Config{Stream: s, Group: "g", Consumer: "c", Block: 50 * time.Millisecond, Prefetch: 50},
+			q := p.Add(Config{Stream: s, Group: "g", Consumer: "c", Block: 50 * time.Millisecond, Prefetch: 100},
 				QueueOptions{Weight: w})
 			q.Handle(HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 				n := seq.Add(1)
@@ -75,9 +78,9 @@ func TestPool_weightedRatio(t *testing.T) {
 				}
 				switch n {
 				case warmup + 1:
-					contended[0].Store(contention())
+					contended[0] = contention()
 				case warmup + starts:
-					contended[1].Store(contention())
+					contended[1] = contention()
 				}
 				time.Sleep(run)
 				mu.Lock()
@@ -130,21 +133,34 @@ func TestPool_weightedRatio(t *testing.T) {
 			}
 		}
 		got := []int64{counts[0].Load(), counts[1].Load(), counts[2].Load()}
-		waited := contended[1].Load() - contended[0].Load()
-		t.Logf("job run %v: starts %v of %d, about %d of them with every queue waiting", run, got, starts, waited)
-		if waited < starts*97/100 {
-			if attempt == 2 {
-				t.Fatalf("reads did not keep every queue waiting for 97%% of the starts (%d of %d), even with %v jobs", waited, starts, run)
-			}
-			t.Logf("reads did not keep every queue waiting (%d of %d starts); again with longer jobs", waited, starts)
-			continue
+		var waited []int64 // per queue, the counted starts made while every queue waited
+		var all int64
+		for i := range weights {
+			waited = append(waited, int64(contended[1][i]-contended[0][i]))
+			all += waited[i]
 		}
-		for i, w := range weights {
-			want := float64(starts*w) / 10
-			if d := float64(got[i]) - want; d < -want/10 || d > want/10 {
-				t.Errorf("queue of weight %d started %d of the first %d jobs, want %v ± 10%%", w, got[i], starts, want)
+		t.Logf("job run %v: starts %v of %d; %v (%d) of them while every queue waited", run, got, starts, waited, all)
+		check := func(what string, got []int64, of int64) {
+			for i, w := range weights {
+				want := float64(of) * float64(w) / 10
+				if d := float64(got[i]) - want; d < -want/10 || d > want/10 {
+					t.Errorf("queue of weight %d: %d of %d %s, want %.0f ± 10%%", w, got[i], of, what, want)
+				}
 			}
 		}
+		if all < starts*99/100 {
+			if attempt < len(runs)-1 {
+				t.Logf("reads did not keep every queue waiting (%d of %d starts); again with longer jobs", all, starts)
+				continue
+			}
+			// The machine is too loaded for reads to keep up: check the
+			// starts made while every queue waited, which is what the
+			// weights promise.
+			t.Logf("reads did not keep every queue waiting even with %v jobs; checking the %d starts made while all waited", run, all)
+			check("starts made while every queue waited", waited, all)
+			return
+		}
+		check(fmt.Sprintf("the first %d starts", starts), got, starts)
 		return
 	}
 }
