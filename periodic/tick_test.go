@@ -145,3 +145,13 @@ func TestTick_script(t *testing.T) {
 		t.Fatal("a marker was written by a failed call")
 	}
 }
+
+// entryMS returns the milliseconds of entry ID id.
+func entryMS(t *testing.T, id string) int64 {
+	t.Helper()
+	at, ok := stream.EntryTime(id)
+	if !ok {
+		t.Fatalf("entry ID %q", id)
+	}
+	return at.UnixMilli()
+}
