@@ -115,8 +115,10 @@ type entry struct {
 
 // Validate reports the first problem of s, naming the field.
 func (s Schedule) Validate() error {
-	_, err := compile(s)
-	return err
+	if _, err := compile(s); err != nil {
+		return fmt.Errorf("periodic: %w", err)
+	}
+	return nil
 }
 
 func compile(s Schedule) (*entry, error) {
@@ -124,7 +126,7 @@ func compile(s Schedule) (*entry, error) {
 		return nil, err
 	}
 	field := func(f, format string, args ...any) error {
-		return fmt.Errorf("periodic: Schedule %q: %s %s", s.Name, f, fmt.Sprintf(format, args...))
+		return fmt.Errorf("Schedule %q: %s %s", s.Name, f, fmt.Sprintf(format, args...))
 	}
 	e := &entry{s: s}
 	switch {
@@ -186,14 +188,14 @@ func compile(s Schedule) (*entry, error) {
 // checkName reports whether name may name a schedule.
 func checkName(name string) error {
 	if name == "" {
-		return errors.New("periodic: Schedule.Name is required")
+		return errors.New("Schedule.Name is required")
 	}
 	if len(name) > MaxNameLen {
-		return fmt.Errorf("periodic: Schedule.Name (%.40q…) is longer than %d bytes", name, MaxNameLen)
+		return fmt.Errorf("Schedule.Name (%.40q…) is longer than %d bytes", name, MaxNameLen)
 	}
 	for _, r := range name {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-			return fmt.Errorf("periodic: Schedule.Name (%q) may hold only letters, digits, '-', '_' and '.'", name)
+			return fmt.Errorf("Schedule.Name (%q) may hold only letters, digits, '-', '_' and '.'", name)
 		}
 	}
 	return nil
