@@ -73,7 +73,8 @@ type Scheduler struct {
 	offset atomic.Int64
 
 	// observe, when set (tests), is called with the outcome of every tick
-	// attempt: a status of the script, or "error" or "missed".
+	// attempt: a status of the script, or "error" or "missed"; and with
+	// "start" and the first tick it will try when a schedule's loop starts.
 	observe func(name string, tick time.Time, status string, late time.Duration)
 }
 
@@ -128,7 +129,11 @@ func (s *Scheduler) Run(ctx context.Context) error {
 // loop runs one schedule: it waits for each tick by the Redis clock and
 // runs the tick script once, then moves on.
 func (s *Scheduler) loop(ctx context.Context, e *entry) {
-	tick, catchUp := s.resume(e, s.now(), time.Time{})
+	now := s.now()
+	tick, catchUp := s.resume(e, now, time.Time{})
+	if s.observe != nil {
+		s.observe(e.s.Name, tick, "start", now.Sub(tick))
+	}
 	retry := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		if tick.IsZero() {
