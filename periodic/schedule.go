@@ -14,6 +14,10 @@ const (
 	// DefaultTolerance caps the default tolerance of a tick (see
 	// [Schedule].Tolerance).
 	DefaultTolerance = time.Minute
+	// MaxHeaders is the most headers a schedule's jobs carry (the tick
+	// script passes an entry's fields through Lua's unpack, which is
+	// bounded).
+	MaxHeaders = 1000
 	// MaxNameLen is the longest schedule name, in bytes.
 	MaxNameLen = 100
 	// MinEvery is the shortest [Schedule].Every.
@@ -148,6 +152,8 @@ func compile(s Schedule) (*entry, error) {
 		return nil, field("Every", "(%v) must be at least %v", s.Every, MinEvery)
 	case s.Every%time.Millisecond != 0:
 		return nil, field("Every", "(%v) must be a whole number of milliseconds", s.Every)
+	case len(s.Headers) > MaxHeaders:
+		return nil, field("Headers", "has %d entries; at most %d", len(s.Headers), MaxHeaders)
 	case s.Every != 0 && s.Location != nil:
 		return nil, field("Location", "is set with Every; it applies to Cron only")
 	}

@@ -1,11 +1,14 @@
 package periodic
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/keyslot"
 )
 
 func TestConfig_Validate(t *testing.T) {
@@ -55,6 +58,12 @@ func TestConfig_Validate(t *testing.T) {
 		{"attempts", with(func(s *Schedule) { s.MaxAttempts = -1 }), "MaxAttempts (-1)"},
 		{"tolerance", with(func(s *Schedule) { s.Tolerance = -1 }), "Tolerance (-1ns)"},
 		{"tolerance small", with(func(s *Schedule) { s.Tolerance = time.Microsecond }), "Tolerance (1µs) must be 0 or at least 1ms"},
+		{"headers", with(func(s *Schedule) {
+			s.Headers = map[string]string{}
+			for i := range MaxHeaders + 1 {
+				s.Headers[strconv.Itoa(i)] = "v"
+			}
+		}), "Headers has 1001 entries; at most 1000"},
 		{"missed", with(func(s *Schedule) { s.Missed = 7 }), "Missed (7) must be Skip or RunOnce"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -142,5 +151,24 @@ func TestEntry_tolerance(t *testing.T) {
 	e, _ = compile(Schedule{Name: "n", Type: "t", Every: time.Second, Tolerance: time.Hour})
 	if got := e.tolerance(time.UnixMilli(0)); got != time.Second {
 		t.Errorf("tolerance 1h of Every 1s = %v, want 1s (the time to the next tick)", got)
+	}
+}
+
+// TestScheduler_keysShareSlot checks that the tick script's keys hash to the
+// stream's cluster slot, with and without a hash tag in the stream's name.
+func TestScheduler_keysShareSlot(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"orders", "{shop}:orders", "a.b-c"} {
+		s, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), Config{Stream: name,
+			Schedules: []Schedule{{Name: "n.1_x-y", Type: "t", Every: time.Second}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := keyslot.Of(name)
+		for _, k := range []string{s.keys.Periodic + "last", s.markerKey("n.1_x-y", 1796163756000)} {
+			if got := keyslot.Of(k); got != want {
+				t.Errorf("key %q is in slot %d, the stream %q in %d", k, got, name, want)
+			}
+		}
 	}
 }
