@@ -214,3 +214,19 @@ func TestKeysFor(t *testing.T) {
 		}
 	})
 }
+
+// TestProducerConfig_OnceNamespaceReserved checks that the enqueue-once
+// markers cannot take a namespace the queue's other keys use.
+func TestProducerConfig_OnceNamespaceReserved(t *testing.T) {
+	t.Parallel()
+	for _, ns := range []string{"dlq", "delayed", "crashes", "idem", "lock", "rate", "limit", "periodic"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("NewProducer with OnceNamespace %q did not panic", ns)
+				}
+			}()
+			stream.NewProducer(nil, stream.ProducerConfig{Stream: "orders", OnceNamespace: ns})
+		}()
+	}
+}
