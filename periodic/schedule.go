@@ -31,9 +31,11 @@ type Missed int
 const (
 	// Skip leaves missed ticks out: the schedule goes on with its next tick.
 	Skip Missed = iota
-	// RunOnce enqueues one job for the latest missed tick, when a scheduler
-	// starts (or finds it missed a tick), however many were missed: never a
-	// burst. A schedule that never enqueued a tick has missed nothing.
+	// RunOnce enqueues one job, for the latest tick due, when a scheduler
+	// starts or finds a tick missed, however many were missed: never a
+	// burst. The job is late (its tolerance does not apply) and added only
+	// if the schedule's record is older than its tick. A schedule that
+	// never enqueued a tick has missed nothing.
 	RunOnce
 )
 

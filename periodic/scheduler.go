@@ -171,7 +171,14 @@ func (s *Scheduler) loop(ctx context.Context, e *entry) {
 				}
 				continue
 			}
-			status = "late"
+			retry = 100 * time.Millisecond
+			s.log.Warn("periodic: tick given up after errors (another scheduler may have enqueued it)", "schedule", e.s.Name, "tick", tick, "error", bounded(err))
+			if catchUp {
+				tick, catchUp = e.next(tick), false
+			} else {
+				tick, catchUp = s.resume(e, now, tick)
+			}
+			continue
 		}
 		retry = 100 * time.Millisecond
 		switch status {
