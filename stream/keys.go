@@ -40,6 +40,12 @@ type Keys struct {
 	// the default of middleware.DistributedConcurrencyConfig.Prefix: the
 	// slots of key k are Limit + k.
 	Limit string
+	// Periodic is the prefix of the keys of package periodic's schedules:
+	// Periodic + "last" is a hash of each schedule's last enqueued tick
+	// (field: schedule name, value: the tick's Unix time in milliseconds),
+	// and Periodic + "tick:" + name + ":" + tick ms is the marker of one
+	// tick, a string holding the tick's entry ID with a time to live.
+	Periodic string
 }
 
 // KeysFor returns the keys of the queue whose stream is named stream.
@@ -61,6 +67,8 @@ type Keys struct {
 //	{orders}:lock:{<key>}   locks (each with its fencing token)
 //	{orders}:rate:<key>     rate limits
 //	{orders}:limit:<key>    distributed concurrency limits
+//	{orders}:periodic:last  the last enqueued tick of each periodic schedule
+//	{orders}:periodic:tick:<name>:<tick ms>   per-tick markers of periodic schedules
 //
 // Dead-letter replays add {orders}:dlq:replay and {orders}:dlq:replay:cursor
 // (the dead-letter stream's derived keys). Locks, idempotency records and
@@ -73,15 +81,16 @@ func KeysFor(stream string) (Keys, error) {
 		return Keys{}, err
 	}
 	return Keys{
-		Stream:  stream,
-		Dead:    prefix + ":dlq",
-		Delayed: prefix + ":delayed",
-		Crashes: prefix + ":crashes:",
-		Once:    prefix + ":once:",
-		Idem:    prefix + ":idem:",
-		Lock:    prefix + ":lock:",
-		Rate:    prefix + ":rate:",
-		Limit:   prefix + ":limit:",
+		Stream:   stream,
+		Dead:     prefix + ":dlq",
+		Delayed:  prefix + ":delayed",
+		Crashes:  prefix + ":crashes:",
+		Once:     prefix + ":once:",
+		Idem:     prefix + ":idem:",
+		Lock:     prefix + ":lock:",
+		Rate:     prefix + ":rate:",
+		Limit:    prefix + ":limit:",
+		Periodic: prefix + ":periodic:",
 	}, nil
 }
 

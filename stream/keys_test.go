@@ -120,7 +120,7 @@ func checkSlots(t *testing.T, name string) {
 	}
 	want := keySlot(name)
 	derived := []string{keys.Dead, keys.Delayed, keys.Crashes + "1-0", keys.Idem + "k", keys.Once + "k", keys.Lock + "{k}",
-		keys.Rate + "k", keys.Limit + "k", keys.Idem + "}{x}", keys.Lock + "{}a}"}
+		keys.Rate + "k", keys.Limit + "k", keys.Periodic + "last", keys.Idem + "}{x}", keys.Lock + "{}a}"}
 	for _, suffix := range []string{"lock:x", "idem:y", "", "{other}", "}", "{"} {
 		k, err := stream.DerivedKey(name, suffix)
 		if err != nil {
@@ -160,9 +160,9 @@ func TestKeysFor(t *testing.T) {
 			want stream.Keys
 		}{
 			{"orders", stream.Keys{Stream: "orders", Dead: "{orders}:dlq", Delayed: "{orders}:delayed", Crashes: "{orders}:crashes:",
-				Once: "{orders}:once:", Idem: "{orders}:idem:", Lock: "{orders}:lock:", Rate: "{orders}:rate:", Limit: "{orders}:limit:"}},
+				Once: "{orders}:once:", Idem: "{orders}:idem:", Lock: "{orders}:lock:", Rate: "{orders}:rate:", Limit: "{orders}:limit:", Periodic: "{orders}:periodic:"}},
 			{"{shop}:orders", stream.Keys{Stream: "{shop}:orders", Dead: "{shop}:orders:dlq", Delayed: "{shop}:orders:delayed", Crashes: "{shop}:orders:crashes:",
-				Once: "{shop}:orders:once:", Idem: "{shop}:orders:idem:", Lock: "{shop}:orders:lock:", Rate: "{shop}:orders:rate:", Limit: "{shop}:orders:limit:"}},
+				Once: "{shop}:orders:once:", Idem: "{shop}:orders:idem:", Lock: "{shop}:orders:lock:", Rate: "{shop}:orders:rate:", Limit: "{shop}:orders:limit:", Periodic: "{shop}:orders:periodic:"}},
 		}
 		for _, tt := range tests {
 			got, err := stream.KeysFor(tt.name)
@@ -213,4 +213,20 @@ func TestKeysFor(t *testing.T) {
 			t.Error(err)
 		}
 	})
+}
+
+// TestProducerConfig_OnceNamespaceReserved checks that the enqueue-once
+// markers cannot take a namespace the queue's other keys use.
+func TestProducerConfig_OnceNamespaceReserved(t *testing.T) {
+	t.Parallel()
+	for _, ns := range []string{"dlq", "delayed", "crashes", "idem", "lock", "rate", "limit", "periodic"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("NewProducer with OnceNamespace %q did not panic", ns)
+				}
+			}()
+			stream.NewProducer(nil, stream.ProducerConfig{Stream: "orders", OnceNamespace: ns})
+		}()
+	}
 }

@@ -36,7 +36,7 @@ type ProducerConfig struct {
 	// keys: package outbox uses "relayed", so that no idempotency key can
 	// suppress a relayed job. It must be letters, digits, '-' or '_', and
 	// none of the queue's other key names (dlq, delayed, crashes, idem,
-	// lock, rate, limit). Defaults to "once".
+	// lock, rate, limit, periodic). Defaults to "once".
 	OnceNamespace string
 	// MaxLen, when positive, trims the stream to about MaxLen entries on every
 	// XADD (XADD MAXLEN ~). Redis trims by count and does not look at consumer
@@ -214,7 +214,7 @@ func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) 
 // ProducerConfig.OnceNamespace).
 func validOnceNamespace(ns string) bool {
 	switch ns {
-	case "dlq", "delayed", "crashes", "idem", "lock", "rate", "limit":
+	case "dlq", "delayed", "crashes", "idem", "lock", "rate", "limit", "periodic":
 		return false
 	}
 	for _, r := range ns {
