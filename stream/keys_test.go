@@ -220,13 +220,9 @@ func TestKeysFor(t *testing.T) {
 func TestProducerConfig_OnceNamespaceReserved(t *testing.T) {
 	t.Parallel()
 	for _, ns := range []string{"dlq", "delayed", "crashes", "idem", "lock", "rate", "limit", "periodic"} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("NewProducer with OnceNamespace %q did not panic", ns)
-				}
-			}()
-			stream.NewProducer(nil, stream.ProducerConfig{Stream: "orders", OnceNamespace: ns})
-		}()
+		err := (stream.ProducerConfig{Stream: "orders", OnceNamespace: ns}).Validate()
+		if err == nil || !strings.Contains(err.Error(), "ProducerConfig.OnceNamespace") {
+			t.Errorf("Validate with OnceNamespace %q = %v, want an error naming ProducerConfig.OnceNamespace", ns, err)
+		}
 	}
 }
