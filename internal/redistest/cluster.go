@@ -280,7 +280,7 @@ func (c *Cluster) Masters() []*Server {
 // cluster_state:ok with the promoted node owning the dead master's slots;
 // it returns the promoted node. With cluster-node-timeout 2000 ms, expect 2
 // to 5 s. It fails the test if master is not a master with a replica, or
-// after 30 s.
+// after 30 s, so call it from the test's goroutine.
 func (c *Cluster) KillMaster(master *Server) *Server {
 	c.t.Helper()
 	nodes, err := ClusterNodes(master)
