@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,7 +72,7 @@ func partitionBench(ctx context.Context, addrs []string, n, parts, conc, rounds 
 		}
 	}
 	fmt.Printf("\nmedians of %d rounds (load average %s)\n\n", rounds, loadAverage())
-	fmt.Printf("| queue | produce jobs/s | consume jobs/s | Redis CPU µs/job, all nodes (produce + consume) | per-node share of Redis CPU | spread (max−min)/mean |\n|---|---|---|---|---|---|\n")
+	fmt.Printf("| queue | produce jobs/s | consume jobs/s | Redis CPU µs/job, all nodes (produce + consume) | per-node share of Redis CPU, busiest first | spread (max−min)/mean |\n|---|---|---|---|---|---|\n")
 	for _, s := range sides {
 		var prod, cons, cpu, spread []float64
 		shares := make([][]float64, len(masters))
@@ -108,13 +109,19 @@ func (r partitionRun) total() time.Duration {
 	return t
 }
 
-func (r partitionRun) cpuPerJob() float64 { return float64(r.total().Nanoseconds()) / 1e3 / float64(r.jobs) }
+func (r partitionRun) cpuPerJob() float64 {
+	return float64(r.total().Nanoseconds()) / 1e3 / float64(r.jobs)
+}
 
+// shares returns each master's share of the run's Redis CPU, busiest
+// first (the single stream's master differs from run to run).
 func (r partitionRun) shares() []float64 {
 	out := make([]float64, len(r.cpu))
 	for i, c := range r.cpu {
 		out[i] = float64(c) / float64(max(r.total(), 1))
 	}
+	slices.Sort(out)
+	slices.Reverse(out)
 	return out
 }
 
@@ -221,11 +228,15 @@ func partitionRound(ctx context.Context, cc *redis.ClusterClient, masters []*red
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	var iwg sync.WaitGroup // concurrently: each WaitIdle may wait for a read to end
 	for _, c := range cons {
-		if err := c.WaitIdle(ctx); err != nil {
-			fatal("partitions: %v", err)
-		}
+		iwg.Go(func() {
+			if err := c.WaitIdle(ctx); err != nil {
+				fatal("partitions: %v", err)
+			}
+		})
 	}
+	iwg.Wait()
 	run.consumeRate = float64(n) / time.Since(start).Seconds()
 	after := clusterCPU(ctx, masters)
 	cancel()
