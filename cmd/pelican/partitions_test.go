@@ -111,3 +111,64 @@ func TestStats_partitioned(t *testing.T) {
 		t.Fatalf("stats --partitions without names: exit %d, want %d", code, exitUsage)
 	}
 }
+
+// TestDLQ_partitioned: dlq ls, replay and purge with --partitions run on
+// every partition of the queue that exists, and replay puts each job back
+// into its own partition.
+func TestDLQ_partitioned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := redistest.Shared(t)
+	queue := strings.ReplaceAll(redistest.Name(t), ":", "-")
+	parts, err := stream.Partitions(queue, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range parts {
+			redistest.DeleteKeys(rdb, p+"*")
+		}
+	})
+	// Two dead jobs in partition 1, one in partition 3; 0 and 2 do not exist.
+	for i, p := range []string{parts[1], parts[1], parts[3]} {
+		keys, _ := stream.KeysFor(p)
+		must(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: keys.Dead, Values: []any{
+			"v", "1", "type", "t", "payload", "{}", "job_id", "j" + string(rune('0'+i)),
+			"dead_reason", "panic", "dead_error", "boom", "dead_at", "1700000000000", "dead_attempts", "1",
+			"dead_stream", p}}).Err())
+	}
+	env := []string{"REDIS_URL=redis://" + redistest.Addr() + "/0"}
+
+	out, errOut, code := runCLI(t, env, "", "dlq", "ls", queue, "--partitions", "4", "-o", "json")
+	if code != 0 {
+		t.Fatalf("dlq ls: exit %d: %s", code, errOut)
+	}
+	var ls []struct {
+		Stream string      `json:"stream"`
+		Result []entryJSON `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(out), &ls); err != nil {
+		t.Fatalf("bad json %v:\n%s", err, out)
+	}
+	if len(ls) != 2 || ls[0].Stream != parts[1] || len(ls[0].Result) != 2 || ls[1].Stream != parts[3] || len(ls[1].Result) != 1 {
+		t.Fatalf("dlq ls --partitions 4: %s", out)
+	}
+	out, _, code = runCLI(t, env, "", "dlq", "ls", queue, "--partitions", "4")
+	if code != 0 || !strings.Contains(out, "partition "+parts[3]+":") {
+		t.Fatalf("dlq ls table: exit %d\n%s", code, out)
+	}
+
+	out, errOut, code = runCLI(t, env, "", "dlq", "replay", queue, "--partitions", "4", "--yes", "--rate", "0")
+	if code != 0 {
+		t.Fatalf("dlq replay: exit %d: %s\n%s", code, errOut, out)
+	}
+	for i, want := range []int64{0, 2, 0, 1} {
+		keys, _ := stream.KeysFor(parts[i])
+		if n, d := rdb.XLen(ctx, parts[i]).Val(), rdb.XLen(ctx, keys.Dead).Val(); n != want || d != 0 {
+			t.Errorf("after replay, partition %d holds %d jobs and %d dead letters, want %d and 0", i, n, d, want)
+		}
+	}
+	if _, _, code := runCLI(t, env, "", "dlq", "purge", "nosuch", "--partitions", "4", "--yes"); code != exitNotFound {
+		t.Fatalf("dlq purge of an unknown queue: exit %d, want %d", code, exitNotFound)
+	}
+}
