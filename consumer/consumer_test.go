@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"log/slog"
 	"strings"
 	"sync"
@@ -107,13 +108,7 @@ func (r *running) stop(t *testing.T) error {
 // waitFor polls cond until it holds, and fails the test after timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, timeout, poll.True(what, cond))
 }
 
 // recv waits for a value from ch, failing the test after timeout.

@@ -104,7 +104,7 @@ func (h *capture) withMsg(msg string) []logRecord {
 // wait waits for a record with message msg and returns the first.
 func (h *capture) wait(t *testing.T, msg string) logRecord {
 	t.Helper()
-	waitFor(t, 5*time.Second, "a log record "+msg, func() bool { return len(h.withMsg(msg)) > 0 })
+	waitFor(t, 30*time.Second, "a log record "+msg, func() bool { return len(h.withMsg(msg)) > 0 })
 	return h.withMsg(msg)[0]
 }
 

@@ -2,6 +2,7 @@ package dashboard_test
 
 import (
 	"context"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -176,11 +177,5 @@ func mustNotContain(t *testing.T, body string, subs ...string) {
 // machine by the caller's own bound).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, 20*time.Second, poll.True(what, cond))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"math"
 	"slices"
 	"strconv"
@@ -418,13 +419,7 @@ func assertOnce(t *testing.T, b *bundle, n int, prefix string) {
 // timeout.
 func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, timeout, poll.True("", cond))
 }
 
 // TestDLQ_ReplayBeforeMove: the hook sees each matching entry while it is

@@ -187,15 +187,21 @@ func TestSQLStore_CompleteTx(t *testing.T) {
 		}
 		return n
 	}
-	if _, err := s.Begin(ctx, "k", "stale", 100*time.Millisecond); err != nil {
+	const lease = 500 * time.Millisecond
+	began := time.Now()
+	if _, err := s.Begin(ctx, "k", "stale", lease); err != nil {
 		t.Fatal(err)
 	}
-	// A rolled-back completion leaves the record processing.
+	// A rolled-back completion leaves the record processing (checked only
+	// while the lease still holds: a loaded machine may outlast it).
 	if err := effect("stale", false); err != nil {
 		t.Fatal(err)
 	}
-	if o, _ := s.Begin(ctx, "k", "x", time.Minute); o.Status != idem.StatusInProgress {
-		t.Fatalf("after a rolled-back CompleteTx Begin = %+v, want in progress", o)
+	if o, _ := s.Begin(ctx, "k", "x", lease); o.Status != idem.StatusInProgress {
+		if time.Since(began) < lease {
+			t.Fatalf("after a rolled-back CompleteTx Begin = %+v, want in progress", o)
+		}
+		t.Logf("the check of the rolled-back completion was skipped: %v passed, beyond the %v lease", time.Since(began), lease)
 	}
 	for {
 		o, err := s.Begin(ctx, "k", "new", time.Minute)

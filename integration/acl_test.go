@@ -288,7 +288,7 @@ func TestACL_documentedRoles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	a := newACLServer(t)
-	bin := buildPelican(t)
+	bin := pelicanCLI(t)
 	for _, u := range []string{"orders-producer", "orders-operator", "orders-dashboard"} {
 		a.setUser(t, u, false)
 	}

@@ -8,23 +8,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
-
-func a11BuildPelican(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "pelican")
-	out, err := exec.Command("go", "build", "-race", "-o", bin, "github.com/pelicanqueue/pelican/cmd/pelican").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // a11Web starts pelican web and returns its base URL, or "" and its exit
 // error when it exits before saying where it serves.
@@ -77,7 +66,7 @@ func a11Web(t *testing.T, bin string, env []string, args ...string) (string, str
 // environment: PELICAN_WEB_TOKEN (Bearer) or PELICAN_WEB_USER/PASSWORD (basic),
 // "either is accepted when both are set"; read-only unless --allow-actions.
 func TestAttack11_PelicanWeb(t *testing.T) {
-	bin := a11BuildPelican(t)
+	bin := pelicanCLI(t)
 	for _, l := range []string{"0.0.0.0:0", ":0", "[::]:0", "0:0", "[::ffff:0.0.0.0]:0"} {
 		if u, _ := a11Web(t, bin, nil, "a11-web-none", "--listen", l); u != "" {
 			t.Errorf("--listen %s without auth: serving at %s, want refused", l, u)

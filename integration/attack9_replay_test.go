@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,38 +23,11 @@ import (
 // without running; one that died permanent dies again without running unless
 // replayed with --forget-failed-idempotency.
 
-var (
-	a9BinOnce sync.Once
-	a9Bin     string
-	a9BinErr  error
-)
-
-// a9Pelican returns the path of the pelican command, built once.
-func a9Pelican(t *testing.T) string {
-	t.Helper()
-	a9BinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "a9pelican")
-		if err != nil {
-			a9BinErr = err
-			return
-		}
-		a9Bin = filepath.Join(dir, "pelican")
-		out, err := exec.Command("go", "build", "-o", a9Bin, "../cmd/pelican").CombinedOutput()
-		if err != nil {
-			a9BinErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if a9BinErr != nil {
-		t.Fatal(a9BinErr)
-	}
-	return a9Bin
-}
-
 // a9CLI runs pelican with args against addr and returns its output and
 // exit code.
 func a9CLI(t *testing.T, addr string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(a9Pelican(t), append([]string{"--redis", "redis://" + addr + "/0"}, args...)...)
+	cmd := exec.Command(pelicanCLI(t), append([]string{"--redis", "redis://" + addr + "/0"}, args...)...)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	var ee *exec.ExitError

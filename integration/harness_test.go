@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -45,7 +46,39 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(main())
 	}
-	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.", "faultproxy.(*Proxy)")
+	code := leakcheck.Run(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.", "faultproxy.(*Proxy)")
+	if cliDir != "" {
+		os.RemoveAll(cliDir)
+	}
+	os.Exit(code)
+}
+
+var (
+	cliOnce sync.Once
+	cliDir  string
+	cliPath string
+	cliErr  error
+)
+
+// pelicanCLI returns the path of the pelican command, built once for the
+// whole package with the race detector (a build takes a minute or more on a
+// loaded machine, and a race in the command is a bug like any other).
+func pelicanCLI(t testing.TB) string {
+	t.Helper()
+	cliOnce.Do(func() {
+		if cliDir, cliErr = os.MkdirTemp("", "pelican-cli"); cliErr != nil {
+			return
+		}
+		cliPath = filepath.Join(cliDir, "pelican")
+		out, err := exec.Command("go", "build", "-race", "-o", cliPath, "github.com/pelicanqueue/pelican/cmd/pelican").CombinedOutput()
+		if err != nil {
+			cliErr = fmt.Errorf("go build ./cmd/pelican: %v\n%s", err, out)
+		}
+	})
+	if cliErr != nil {
+		t.Fatal(cliErr)
+	}
+	return cliPath
 }
 
 // subprocessModes are other subprocess programs of the test binary, run when
@@ -520,17 +553,7 @@ func (s *scenario) dead() []redis.XMessage {
 // test with cond's last message after timeout.
 func eventually(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, timeout, cond)
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writes and reads.

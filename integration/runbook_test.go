@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -298,7 +296,7 @@ func TestRunbook_replayWithPackageDLQ(t *testing.T) {
 
 func TestRunbook_replayWithCLI(t *testing.T) {
 	t.Parallel()
-	cli := buildPelican(t)
+	cli := pelicanCLI(t)
 	q := startRunbookQueue(t)
 	runbook(t, q, func(t *testing.T, reasons []string, forget bool) {
 		args := []string{"--redis", "redis://" + q.s.addr + "/0", "dlq", "replay", q.s.stream, "--yes", "--rate", "0"}
@@ -320,17 +318,4 @@ func TestRunbook_replayWithCLI(t *testing.T) {
 			t.Fatalf("pelican dlq replay output does not say %q:\n%s", want, out)
 		}
 	})
-}
-
-// buildPelican builds the pelican command into a temporary directory and
-// returns its path.
-func buildPelican(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "pelican")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/pelicanqueue/pelican/cmd/pelican")
-	cmd.Env = os.Environ()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/pelican: %v\n%s", err, out)
-	}
-	return bin
 }

@@ -62,13 +62,15 @@ func (c Config) Validate() error {
 type Client struct {
 	r      *guard.Runner
 	prefix string
+	err    error // what Validate said of the Config; every call returns it
 }
 
-// New returns a Client of rdb. It panics if cfg is invalid
-// ([Config.Validate]).
+// New returns a Client of rdb. It does not fail: when cfg does not pass
+// [Config.Validate], every call of the client returns that error, naming
+// the field, before Redis is touched.
 func New(rdb redis.UniversalClient, cfg Config) *Client {
 	if err := cfg.Validate(); err != nil {
-		panic(err.Error())
+		return &Client{err: err}
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
@@ -79,6 +81,9 @@ func New(rdb redis.UniversalClient, cfg Config) *Client {
 // RedisKey returns the Redis key of key's lock, or an error matching
 // [ErrInvalidKey] for an empty key.
 func (c *Client) RedisKey(key string) (string, error) {
+	if c.err != nil {
+		return "", c.err
+	}
 	if key == "" {
 		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
 	}
@@ -136,6 +141,9 @@ func DefaultBackoff(n int) time.Duration {
 // also matches ctx's error if ctx ended the wait. Other errors (Redis
 // unreachable) are returned at once.
 func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opts AcquireOptions) (*Lock, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
 	if opts.Backoff == nil {
 		opts.Backoff = DefaultBackoff
 	}

@@ -417,14 +417,13 @@ func TestConfig_Validate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "Config.Prefix") {
 			t.Errorf("Validate(Prefix %q) = %v, want an error naming Config.Prefix", prefix, err)
 		}
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("New accepted Prefix %q", prefix)
-				}
-			}()
-			lockx.New(nil, lockx.Config{Prefix: prefix})
-		}()
+		c := lockx.New(nil, lockx.Config{Prefix: prefix}) // no client: Redis is never touched
+		if _, err := c.TryAcquire(context.Background(), "k", time.Second); err == nil || !strings.Contains(err.Error(), "Config.Prefix") {
+			t.Errorf("TryAcquire with Prefix %q = %v, want the error naming Config.Prefix", prefix, err)
+		}
+		if _, err := c.Acquire(context.Background(), "k", time.Second, lockx.AcquireOptions{}); err == nil || !strings.Contains(err.Error(), "Config.Prefix") {
+			t.Errorf("Acquire with Prefix %q = %v, want the error naming Config.Prefix", prefix, err)
+		}
 	}
 }
 

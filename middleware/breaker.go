@@ -162,7 +162,17 @@ func CircuitBreaker(cfg CircuitBreakerConfig) consumer.Middleware {
 			if err != nil {
 				return err
 			}
+			panicked := true
+			defer func() {
+				if panicked {
+					// The panic goes on to the core, which recovers it; a
+					// probe that panicked must still free its place, or the
+					// breaker would stay half-open with no probe forever.
+					b.record(k, st, probe, gen, true, b.cfg.IsFailure(consumer.Decide(ctx, job, &consumer.PanicError{})))
+				}
+			}()
 			err = next.Process(ctx, job)
+			panicked = false
 			b.record(k, st, probe, gen, err != nil, err != nil && b.cfg.IsFailure(consumer.Decide(ctx, job, err)))
 			return err
 		})

@@ -19,13 +19,15 @@ import (
 // clock, a handler whose result the test sets (and which may block), and
 // the recorded state changes.
 type breakerBundle struct {
-	h       consumer.Handler
-	now     atomic.Int64 // Unix nanoseconds
-	calls   atomic.Int64
-	result  atomic.Pointer[error]
-	block   atomic.Pointer[chan struct{}] // if set, the handler waits on it
-	mu      sync.Mutex
-	changes []string
+	h      consumer.Handler
+	now    atomic.Int64 // Unix nanoseconds
+	calls  atomic.Int64
+	result atomic.Pointer[error]
+	block  atomic.Pointer[chan struct{}] // if set, the handler waits on it
+	// panicNext makes the next call panic.
+	panicNext atomic.Bool
+	mu        sync.Mutex
+	changes   []string
 }
 
 func (b *breakerBundle) returns(err error)            { b.result.Store(&err) }
@@ -54,6 +56,9 @@ func setupBreaker(t testing.TB, cfg middleware.CircuitBreakerConfig) *breakerBun
 	}
 	b.h = middleware.CircuitBreaker(cfg)(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
 		b.calls.Add(1)
+		if b.panicNext.CompareAndSwap(true, false) {
+			panic("handler bug")
+		}
 		if c := b.block.Load(); c != nil {
 			<-*c
 		}
@@ -216,6 +221,30 @@ func TestCircuitBreaker_halfOpen(t *testing.T) {
 		}
 		if b.calls.Load() != calls+1 {
 			t.Fatal("the handler ran while the breaker was open again")
+		}
+	})
+	t.Run("PanickingProbeFreesItsPlace", func(t *testing.T) {
+		t.Parallel()
+		b := setupBreaker(t, middleware.CircuitBreakerConfig{Threshold: 1, OpenFor: openFor})
+		t0 := b.open(t, 1)
+		b.at(t0, openFor)
+		b.returns(nil)
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("the probe's panic did not reach the caller (the core recovers it)")
+				}
+			}()
+			b.panicNext.Store(true)
+			_ = b.run("api")
+		}()
+		// The panicked probe's place is free: the next job runs as a probe
+		// and closes the breaker, rather than being snoozed forever.
+		if err := b.run("api"); err != nil {
+			t.Fatalf("after a panicking probe: %v, want the next job to run as a probe", err)
+		}
+		if got := b.transitions(); got[len(got)-1] != "api:half-open->closed" {
+			t.Fatalf("transitions %v, want the breaker closed by the next probe", got)
 		}
 	})
 	t.Run("NeutralProbeKeepsHalfOpen", func(t *testing.T) {

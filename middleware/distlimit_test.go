@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -297,11 +298,7 @@ func TestDistributedConcurrency_config(t *testing.T) {
 // within timeout.
 func eventually(t *testing.T, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(timeout); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("not within %v", timeout)
-		}
-	}
+	poll.Until(t, timeout, poll.True("", cond))
 }
 
 // At most one "export" job of queue "reports" runs at once across every

@@ -305,14 +305,3 @@ func TestProducer_EnqueueOnce(t *testing.T) {
 		}
 	})
 }
-
-func TestNewProducer_enqueueOnce(t *testing.T) {
-	t.Parallel()
-	defer func() {
-		r := recover()
-		if r == nil || !strings.Contains(fmt.Sprint(r), "ProducerConfig.EnqueueOnce") {
-			t.Errorf("NewProducer with EnqueueOnce 1µs: panic %v; want one naming ProducerConfig.EnqueueOnce", r)
-		}
-	}()
-	stream.NewProducer(redis.NewClient(&redis.Options{}), stream.ProducerConfig{Stream: "s", EnqueueOnce: time.Microsecond})
-}

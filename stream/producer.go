@@ -74,32 +74,48 @@ type Producer struct {
 	cfg ProducerConfig
 	// once is the prefix of the producer's enqueue-once markers.
 	onceAt string
+	// err is what Validate said of cfg; every call returns it.
+	err error
 
 	mu  sync.Mutex
 	rnd *bufio.Reader // crypto/rand, buffered: one read serves many job IDs
 }
 
-// NewProducer returns a producer for cfg.Stream. It panics if cfg.Stream is
-// empty or a name that [KeysFor] rejects, as those are programming errors.
+// Validate reports the first field of c that is not valid, naming it.
+func (c ProducerConfig) Validate() error {
+	if _, err := KeysFor(c.Stream); err != nil {
+		return fmt.Errorf("stream: ProducerConfig.Stream: %w", err)
+	}
+	if c.MaxLen < 0 {
+		return fmt.Errorf("stream: ProducerConfig.MaxLen (%d) must not be negative", c.MaxLen)
+	}
+	if c.EnqueueOnce != 0 && c.EnqueueOnce < time.Millisecond {
+		return fmt.Errorf("stream: ProducerConfig.EnqueueOnce (%v) must be 0 or at least 1ms", c.EnqueueOnce)
+	}
+	if !validOnceNamespace(c.onceNamespace()) {
+		return fmt.Errorf("stream: ProducerConfig.OnceNamespace (%q) must be letters, digits, '-' or '_', and not a name the queue's other keys use", c.OnceNamespace)
+	}
+	return nil
+}
+
+func (c ProducerConfig) onceNamespace() string {
+	if c.OnceNamespace == "" {
+		return "once"
+	}
+	return c.OnceNamespace
+}
+
+// NewProducer returns a producer for cfg.Stream. It does not fail: when
+// cfg does not pass [ProducerConfig.Validate], every call of the producer
+// returns that error, naming the field, before Redis is touched (as
+// consumer.Consumer.Run does for its Config). Call Validate to check a
+// configuration at start.
 func NewProducer(rdb redis.UniversalClient, cfg ProducerConfig) *Producer {
-	if _, err := KeysFor(cfg.Stream); err != nil {
-		panic(fmt.Sprintf("stream: ProducerConfig.Stream: %v", err))
+	p := &Producer{rdb: rdb, cfg: cfg, rnd: bufio.NewReaderSize(rand.Reader, 4096)}
+	if p.err = cfg.Validate(); p.err == nil {
+		p.onceAt, _ = DerivedKey(cfg.Stream, cfg.onceNamespace()+":")
 	}
-	if cfg.MaxLen < 0 {
-		panic("stream: ProducerConfig.MaxLen must not be negative")
-	}
-	if cfg.EnqueueOnce != 0 && cfg.EnqueueOnce < time.Millisecond {
-		panic(fmt.Sprintf("stream: ProducerConfig.EnqueueOnce (%v) must be 0 or at least 1ms", cfg.EnqueueOnce))
-	}
-	ns := cfg.OnceNamespace
-	if ns == "" {
-		ns = "once"
-	}
-	if !validOnceNamespace(ns) {
-		panic(fmt.Sprintf("stream: ProducerConfig.OnceNamespace (%q) must be letters, digits, '-' or '_', and not a name the queue's other keys use", cfg.OnceNamespace))
-	}
-	once, _ := DerivedKey(cfg.Stream, ns+":")
-	return &Producer{rdb: rdb, cfg: cfg, onceAt: once, rnd: bufio.NewReaderSize(rand.Reader, 4096)}
+	return p
 }
 
 // Enqueue adds job to the stream and returns the new entry's ID. It sets
@@ -168,6 +184,9 @@ func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, err
 }
 
 func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) {
+	if p.err != nil {
+		return nil, p.err
+	}
 	if job == nil || job.Type == "" {
 		return nil, errors.New("stream: job has no Type")
 	}

@@ -382,22 +382,37 @@ func TestNewProducer(t *testing.T) {
 	tests := []struct {
 		name string
 		cfg  stream.ProducerConfig
-		want string // in the panic value
+		want string // in the error
 	}{
 		{"EmptyStream", stream.ProducerConfig{}, "ProducerConfig.Stream"},
 		{"BracesWithoutTag", stream.ProducerConfig{Stream: "a}b"}, "ProducerConfig.Stream"},
 		{"NegativeMaxLen", stream.ProducerConfig{Stream: "jobs", MaxLen: -1}, "ProducerConfig.MaxLen"},
+		{"EnqueueOnceUnderAMillisecond", stream.ProducerConfig{Stream: "jobs", EnqueueOnce: time.Microsecond}, "ProducerConfig.EnqueueOnce"},
+		{"OnceNamespaceOfAnotherKey", stream.ProducerConfig{Stream: "jobs", OnceNamespace: "dlq"}, "ProducerConfig.OnceNamespace"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			defer func() {
-				r := recover()
-				if r == nil || !strings.Contains(fmt.Sprint(r), tt.want) {
-					t.Errorf("NewProducer(%+v) panicked with %v; want a panic naming %s", tt.cfg, r, tt.want)
+			if err := tt.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate(%+v) = %v; want an error naming %s", tt.cfg, err, tt.want)
+			}
+			// The producer is made, and every call returns the same error
+			// without dialling Redis (the address is unusable).
+			p := stream.NewProducer(rdb, tt.cfg)
+			ctx := context.Background()
+			job := func() *stream.Job { return &stream.Job{Type: "t"} }
+			_, err1 := p.Enqueue(ctx, job())
+			_, err2 := p.EnqueueBatch(ctx, []*stream.Job{job()})
+			err3 := p.EnqueueIn(ctx, job(), time.Second)
+			err4 := p.EnqueueAt(ctx, job(), time.Now())
+			for i, err := range []error{err1, err2, err3, err4} {
+				if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "outcome unknown") {
+					t.Errorf("call %d: %v; want the config error naming %s, Redis untouched", i+1, err, tt.want)
 				}
-			}()
-			stream.NewProducer(rdb, tt.cfg)
+			}
 		})
+	}
+	if err := (stream.ProducerConfig{Stream: "jobs"}).Validate(); err != nil {
+		t.Errorf("Validate of a good config: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"io"
 	"net"
 	"os"
@@ -136,13 +137,7 @@ func silent(t *testing.T, c net.Conn, d time.Duration) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, poll.True(what, cond))
 }
 
 func TestProxy_Pass(t *testing.T) {

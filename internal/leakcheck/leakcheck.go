@@ -16,6 +16,12 @@ import (
 // end. It exits non-zero, printing their stacks, if any is still running.
 // Call it from TestMain.
 func Main(m *testing.M, wait time.Duration, markers ...string) {
+	os.Exit(Run(m, wait, markers...))
+}
+
+// Run is Main without the exit: it returns the exit code, so that a
+// TestMain can clean up before it exits.
+func Run(m *testing.M, wait time.Duration, markers ...string) int {
 	code := m.Run()
 	if code == 0 {
 		if leaked := Leaked(wait, markers...); leaked != "" {
@@ -23,7 +29,7 @@ func Main(m *testing.M, wait time.Duration, markers ...string) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Leaked polls until no goroutine other than the caller's mentions one of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"io"
 	"log/slog"
 	"sort"
@@ -34,13 +35,12 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // what() after timeout.
 func waitFor(t *testing.T, timeout time.Duration, cond func() bool, what func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, what())
+	poll.Until(t, timeout, func() (bool, string) {
+		if cond() {
+			return true, ""
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false, what()
+	})
 }
 
 // expected renders counter series of name with the given help from
