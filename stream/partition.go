@@ -174,14 +174,10 @@ func (cfg PartitionedProducerConfig) Validate() error {
 	if cfg.Producer.Stream != "" {
 		return fmt.Errorf("stream: PartitionedProducerConfig.Producer.Stream (%.64q) must be empty: partitions are named from Queue", cfg.Producer.Stream)
 	}
-	if cfg.Producer.MaxLen < 0 {
-		return errors.New("stream: PartitionedProducerConfig.Producer.MaxLen must not be negative")
-	}
-	if d := cfg.Producer.EnqueueOnce; d != 0 && d < time.Millisecond {
-		return fmt.Errorf("stream: PartitionedProducerConfig.Producer.EnqueueOnce (%v) must be 0 or at least 1ms", d)
-	}
-	if ns := cfg.Producer.OnceNamespace; ns != "" && !validOnceNamespace(ns) {
-		return fmt.Errorf("stream: PartitionedProducerConfig.Producer.OnceNamespace (%.64q) must be letters, digits, '-' or '_', and not a name the queue's other keys use", ns)
+	pc := cfg.Producer
+	pc.Stream, _ = partition(cfg.Queue, cfg.Partitions, 0)
+	if err := pc.Validate(); err != nil {
+		return fmt.Errorf("stream: PartitionedProducerConfig.Producer: %w", err)
 	}
 	return nil
 }

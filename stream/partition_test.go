@@ -267,9 +267,9 @@ func TestPartitionedProducerConfig_Validate(t *testing.T) {
 		{stream.PartitionedProducerConfig{Queue: "q", Partitions: 2000}, "Partitions (2000)"},
 		{stream.PartitionedProducerConfig{Queue: "{q}", Partitions: 3}, "Queue: "},
 		{stream.PartitionedProducerConfig{Queue: "q", Partitions: 3, Producer: stream.ProducerConfig{Stream: "x"}}, "Producer.Stream"},
-		{stream.PartitionedProducerConfig{Queue: "q", Partitions: 3, Producer: stream.ProducerConfig{MaxLen: -1}}, "Producer.MaxLen"},
-		{stream.PartitionedProducerConfig{Queue: "q", Partitions: 3, Producer: stream.ProducerConfig{EnqueueOnce: 1}}, "Producer.EnqueueOnce"},
-		{stream.PartitionedProducerConfig{Queue: "q", Partitions: 3, Producer: stream.ProducerConfig{OnceNamespace: "dlq"}}, "Producer.OnceNamespace"},
+		{stream.PartitionedProducerConfig{Queue: "q", Partitions: 3, Producer: stream.ProducerConfig{MaxLen: -1}}, "Producer: stream: ProducerConfig.MaxLen"},
+		{stream.PartitionedProducerConfig{Queue: "q", Partitions: 3, Producer: stream.ProducerConfig{EnqueueOnce: 1}}, "Producer: stream: ProducerConfig.EnqueueOnce"},
+		{stream.PartitionedProducerConfig{Queue: "q", Partitions: 3, Producer: stream.ProducerConfig{OnceNamespace: "dlq"}}, "Producer: stream: ProducerConfig.OnceNamespace"},
 	} {
 		err := c.cfg.Validate()
 		if err == nil || !strings.Contains(err.Error(), c.want) {

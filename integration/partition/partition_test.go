@@ -22,6 +22,7 @@ import (
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/internal/keyslot"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -214,11 +215,12 @@ func readLedgers(t *testing.T, ws []*worker) map[string][]run {
 	return runs
 }
 
-// drained waits until no partition holds an entry, a pending job or a
-// dead letter, or the deadline passes; it returns what is left.
-func drained(ctx context.Context, rdb redis.UniversalClient, streams []string, timeout time.Duration) string {
-	deadline := time.Now().Add(timeout)
-	for {
+// drained waits until no partition holds an entry, a pending job, a
+// delayed job or a dead letter, and fails t with what is left after
+// timeout.
+func drained(t *testing.T, ctx context.Context, rdb redis.UniversalClient, streams []string, timeout time.Duration) {
+	t.Helper()
+	poll.Until(t, timeout, func() (bool, string) {
 		var left []string
 		for _, s := range streams {
 			keys, _ := stream.KeysFor(s)
@@ -233,11 +235,8 @@ func drained(ctx context.Context, rdb redis.UniversalClient, streams []string, t
 				left = append(left, fmt.Sprintf("%s: %d entries, %d pending, %d dead, %d delayed", s, n, p.Count, d, z))
 			}
 		}
-		if len(left) == 0 || time.Now().After(deadline) {
-			return strings.Join(left, "; ")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(left) == 0, "not drained: " + strings.Join(left, "; ")
+	})
 }
 
 // masterOf returns, for each stream, the index in masters of the master
@@ -351,9 +350,7 @@ func TestPartition_spreadAndThroughput(t *testing.T) {
 	if len(maybe) > 0 || len(acked) != jobs {
 		t.Fatalf("%d jobs acknowledged, %d with errors; want %d and 0", len(acked), len(maybe), jobs)
 	}
-	if left := drained(ctx, rdb, streams, 60*time.Second); left != "" {
-		t.Fatalf("not drained within 60 s: %s", left)
-	}
+	drained(t, ctx, rdb, streams, 60*time.Second)
 	elapsed := time.Since(start)
 	stop(t, ws)
 	runs := readLedgers(t, ws)
@@ -435,9 +432,7 @@ func TestPartition_masterFailover(t *testing.T) {
 	promotedAt := time.Now()
 	t.Logf("killed master %s; replica %s promoted after %v", victim.Addr(), by.Addr(), promotedAt.Sub(killedAt).Round(time.Millisecond))
 	<-produced
-	if left := drained(ctx, rdb, streams, 40*time.Second); left != "" {
-		t.Fatalf("not drained within 40 s: %s", left)
-	}
+	drained(t, ctx, rdb, streams, 40*time.Second)
 	stop(t, ws)
 	runs := readLedgers(t, ws)
 
