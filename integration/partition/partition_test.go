@@ -22,6 +22,7 @@ import (
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/internal/keyslot"
+	"github.com/pelicanqueue/pelican/internal/leakcheck"
 	"github.com/pelicanqueue/pelican/internal/poll"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
@@ -33,7 +34,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("PARTITION_WORKER") == "1" {
 		os.Exit(workerMain())
 	}
-	os.Exit(m.Run())
+	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/stream.(*PartitionedProducer)")
 }
 
 // clusterClient is the client every process uses: go-redis reloads its
