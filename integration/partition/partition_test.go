@@ -163,6 +163,22 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 	return w.b.Write(p)
 }
 
+// reading waits until every partition's group has n consumers (a consumer
+// registers with its first read), so a scenario starts with every
+// consumer past its start.
+func reading(t *testing.T, ctx context.Context, rdb redis.UniversalClient, streams []string, n int) {
+	t.Helper()
+	poll.Until(t, 60*time.Second, func() (bool, string) {
+		for _, s := range streams {
+			cs, err := rdb.XInfoConsumers(ctx, s, group).Result()
+			if err != nil || len(cs) < n {
+				return false, fmt.Sprintf("%s has %d consumers (%v), want %d", s, len(cs), err, n)
+			}
+		}
+		return true, ""
+	})
+}
+
 // stop sends SIGTERM to every worker and waits for them to exit.
 func stop(t *testing.T, ws []*worker) {
 	t.Helper()
@@ -346,6 +362,7 @@ func TestPartition_spreadAndThroughput(t *testing.T) {
 
 	const jobs = 30_000
 	ws := startWorkers(t, cl, queue, 12, 3, 30*time.Second)
+	reading(t, ctx, rdb, streams, 3)
 	start := time.Now()
 	acked, maybe, _ := enqueue(ctx, p, "job-", jobs, nil)
 	if len(maybe) > 0 || len(acked) != jobs {
@@ -414,6 +431,7 @@ func TestPartition_masterFailover(t *testing.T) {
 
 	const jobs = 12_000
 	ws := startWorkers(t, cl, queue, 12, 3, 4*time.Second)
+	reading(t, ctx, rdb, streams, 3) // the kill hits running consumers, not starting ones
 	third := make(chan struct{})
 	var acked, maybe map[string]bool
 	var errs map[string]int
