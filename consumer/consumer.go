@@ -37,6 +37,7 @@ type Consumer struct {
 	chain     Handler
 	claimer   *claim.Claimer
 	slots     chan struct{}   // a token per worker slot free
+	share     *share          // a Pool's shared budget; nil outside a pool
 	room      chan struct{}   // a token per fresh job the consumer may take in (see takeRoom)
 	ready     chan *task      // fresh jobs queued for the workers
 	base      context.Context // parent of the handlers' contexts

@@ -23,7 +23,7 @@ import (
 // TestMain fails the package when goroutines of the consumer or the claimer
 // are still running after every test has returned.
 func TestMain(m *testing.M) {
-	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.")
+	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/consumer.(*Pool)", "pelican/claim.")
 }
 
 var discard = slog.New(slog.DiscardHandler)

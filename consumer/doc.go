@@ -46,6 +46,11 @@
 // programmer error (an empty type, a nil handler, a type registered twice),
 // as documented there.
 //
+// A [Pool] runs several queues (streams) in one process with one shared
+// budget of worker slots, by weight or strict priority, each queue between
+// its Min and Max: each queue is a Consumer, and the pool decides which
+// queue's job starts when a slot frees (see budget.go and docs/pool.md).
+//
 // The package imports stream and claim, never middleware, and no
 // observability library.
 package consumer

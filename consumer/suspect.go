@@ -136,10 +136,16 @@ func (c *Consumer) runShared(ctx context.Context, r suspectRun) {
 		c.abandonSuspect(r)
 		return
 	}
+	if !c.share.acquire(ctx) { // a Pool's budget (budget.go)
+		c.release(1)
+		c.abandonSuspect(r)
+		return
+	}
 	c.shared.Add(1)
 	go func() {
 		defer c.shared.Done()
 		defer c.release(1)
+		defer c.share.release(1)
 		if !c.runSuspect(r, "shared") {
 			r.alone = true
 			c.alone.push(r)
@@ -163,6 +169,13 @@ func (c *Consumer) runAlone(ctx context.Context, r suspectRun) {
 		}
 	}
 	defer c.release(c.r.Concurrency)
+	// In a Pool it runs alone on its queue's consumer, in one slot of the
+	// shared budget.
+	if !c.share.acquire(ctx) {
+		c.abandonSuspect(r)
+		return
+	}
+	defer c.share.release(1)
 	c.runSuspect(r, "alone")
 }
 

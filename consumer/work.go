@@ -67,7 +67,11 @@ func (c *Consumer) dispatch(d delivery, fresh bool) {
 	}
 	// A job delivered again, or rescheduled by a suspect's run, is a
 	// suspect (see suspect.go).
-	suspect := d.deliveries > 1 || d.fields[stream.FieldSuspect] == "1"
+	// In a Pool, where only a running job holds a slot of the pool's budget,
+	// every entry not fresh is one too (on Redis it is anyway: re-reading
+	// and reclaiming count a delivery), so that the slots taken for the
+	// reads of owned entries (intake.go) only size those reads.
+	suspect := d.deliveries > 1 || d.fields[stream.FieldSuspect] == "1" || (!fresh && c.share != nil)
 	t := &task{id: d.id, d: d, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: suspect, policy: &c.r.pol}
 	ctx, cancel := context.WithCancelCause(context.WithValue(c.base, jobKey{}, t))
 	t.ctx, t.cancel = ctx, cancel
@@ -102,11 +106,27 @@ func (c *Consumer) dispatch(d delivery, fresh bool) {
 // runWorker is one of the consumer's Concurrency workers: it runs fresh
 // jobs from the queue, one at a time, until ctx is done. A job queued when
 // ctx is done is given back without running.
+//
+// In a Pool, a worker keeps its slot of the pool's budget from one job to
+// the next while jobs are queued (see share.keep), and gives it back when
+// none is.
 func (c *Consumer) runWorker(ctx context.Context) {
+	held := false // a slot of the pool's budget, kept from the previous job
+	pooled := c.share != nil
 	for {
+		if held {
+			select {
+			case t := <-c.ready:
+				held = c.runQueued(ctx, t, true)
+				continue
+			default:
+				c.share.release(1)
+				held = false
+			}
+		}
 		select {
 		case t := <-c.ready:
-			c.runQueued(ctx, t)
+			held = c.runQueued(ctx, t, false) && pooled
 		case <-ctx.Done():
 			return
 		}
@@ -117,30 +137,58 @@ func (c *Consumer) runWorker(ctx context.Context) {
 // consumer stopped (t is given back) or t's lease ended while it waited (t
 // is left for another consumer to take over). It takes the slot under the
 // gate, shared, so that no fresh job starts while a suspect waits to run
-// alone (see suspect.go).
-func (c *Consumer) runQueued(ctx context.Context, t *task) {
+// alone (see suspect.go). In a Pool it also takes a slot of the pool's
+// budget (budget.go), or keeps the one its worker held (held), and returns
+// whether it holds one still.
+func (c *Consumer) runQueued(ctx context.Context, t *task, held bool) bool {
 	defer c.freeRoom(1)
 	slot := false
-	c.gate.RLock()
-	select {
-	case <-c.slots:
-		slot = true
-	case <-ctx.Done():
+	if held && c.gate.TryRLock() {
+		select {
+		case <-c.slots:
+			slot = true
+		default:
+		}
+		c.gate.RUnlock()
 	}
-	c.gate.RUnlock()
+	if held && !slot {
+		// A suspect waits to run alone: it needs the budget's slot too.
+		c.share.release(1)
+		held = false
+	}
+	if !slot {
+		c.gate.RLock()
+		select {
+		case <-c.slots:
+			slot = true
+		case <-ctx.Done():
+		}
+		c.gate.RUnlock()
+	}
+	switch {
+	case slot && held:
+		held = c.share.keep(ctx)
+	case slot:
+		held = c.share.acquire(ctx)
+	}
+	if slot && !held {
+		c.release(1)
+		slot = false
+	}
 	if slot {
 		defer c.release(1)
 	}
 	if ctx.Err() != nil {
 		c.giveBack([]string{t.id})
 		c.endTask(t)
-		return
+		return held
 	}
 	if !c.startable(t) {
 		c.endTask(t)
-		return
+		return held
 	}
 	c.work(t.ctx, t, t.d, "")
+	return held
 }
 
 // startable reports whether queued job t may start: its lease has not

@@ -20,6 +20,8 @@
 //
 //	produce          enqueue -jobs jobs
 //	consume          consume a backlog of -jobs jobs
+//	pool             consume a backlog of -jobs jobs spread over three streams in one consumer.Pool
+//	                 (weights 6/3/1, the pool's Concurrency as the consumer's); the floor reads one stream
 //	produce-consume  produce and consume together
 //	mid-chain        consume through middleware/metrics, middleware.Retry, middleware.DeadLetter
 //	full-chain       consume through tracing (1% sampled, no exporter), metrics, middleware.Lock
@@ -70,7 +72,7 @@ import (
 )
 
 // allPhases are the phases, in the order they run.
-var allPhases = []string{"produce", "consume", "produce-consume", "mid-chain", "full-chain", "lock", "idem",
+var allPhases = []string{"produce", "consume", "pool", "produce-consume", "mid-chain", "full-chain", "lock", "idem",
 	"retry-once", "snooze-once", "latency", "rss"}
 
 // pgDSN is the outbox phase's PostgreSQL (-pg-dsn).
@@ -277,6 +279,7 @@ func (b *bench) rows(phases map[string]bool, concs []int) []row {
 		v            variant
 	}{
 		{"consume", "consume a backlog", variant{}},
+		{"pool", "consume a backlog from three streams in one Pool (weights 6/3/1)", variant{pool: true}},
 		{"produce-consume", "produce + consume together", variant{produce: true}},
 		{"mid-chain", "mid chain (metrics, Retry, DeadLetter)", variant{chain: "mid"}},
 		{"full-chain", "full chain (tracing 1% sampled, metrics, Lock, Idempotency, Retry, DeadLetter)", variant{chain: "full"}},

@@ -34,18 +34,22 @@ type variant struct {
 	chain   string // "", "mid" or "full": see chain
 	mode    handlerMode
 	produce bool // jobs produced during the run instead of a backlog
+	pool    bool // three streams in one consumer.Pool (pelicanPool)
 }
 
 var errOnce = errors.New("bench: fails once")
 
 // pelicanFill enqueues jobs 0..n-1 with Producer.EnqueueBatch in batches
 // of 100.
-func (b *bench) pelicanFill(ctx context.Context, s string, n int) {
+func (b *bench) pelicanFill(ctx context.Context, s string, n int) { b.pelicanFillRange(ctx, s, 0, n) }
+
+// pelicanFillRange enqueues jobs from..to-1 as pelicanFill does.
+func (b *bench) pelicanFillRange(ctx context.Context, s string, from, to int) {
 	p := stream.NewProducer(b.rdb, stream.ProducerConfig{Stream: s})
 	batch := make([]*stream.Job, 0, 100)
-	for i := 0; i < n; i++ {
+	for i := from; i < to; i++ {
 		batch = append(batch, &stream.Job{Type: "bench", Payload: payload(i)})
-		if len(batch) == cap(batch) || i == n-1 {
+		if len(batch) == cap(batch) || i == to-1 {
 			if _, err := p.EnqueueBatch(ctx, batch); err != nil {
 				b.fatalf("EnqueueBatch: %v", err)
 			}
@@ -112,6 +116,9 @@ func (b *bench) chain(tag, name string) ([]consumer.Middleware, func()) {
 // pelicanConsume runs one consumer over b.n jobs (a backlog, or jobs
 // produced meanwhile) until all are acknowledged.
 func (b *bench) pelicanConsume(ctx context.Context, tag string, v variant) result {
+	if v.pool {
+		return b.pelicanPool(ctx, tag, v)
+	}
 	s := streamOf(tag)
 	defer b.cleanupRun(ctx, tag)
 	if !v.produce {
@@ -226,5 +233,60 @@ func (b *bench) pelicanLatency(ctx context.Context, tag string, conc int) result
 	}
 	b.checkPelican(ctx, "pelican latency", s, c.Stats(), set, total+1, plain)
 	r.p50, r.p99 = lat.percentiles()
+	return r
+}
+
+// pelicanPool runs one consumer.Pool over three streams of the run's tag
+// (weights 6/3/1, Concurrency v.conc) until all b.n jobs, a third in each
+// stream, are acknowledged.
+func (b *bench) pelicanPool(ctx context.Context, tag string, v variant) result {
+	streams := []string{streamOf(tag), "{" + tag + "}:jobs2", "{" + tag + "}:jobs3"}
+	defer b.cleanupRun(ctx, tag)
+	for i, s := range streams {
+		b.pelicanFillRange(ctx, s, i*b.n/3, (i+1)*b.n/3)
+	}
+	set := newJobSet(b.n).withIDs()
+	h := consumer.HandlerFunc(func(_ context.Context, j *stream.Job) error {
+		seeJob(set, j.Payload, j.ID)
+		return nil
+	})
+	p := consumer.NewPool(b.rdb, consumer.PoolConfig{Concurrency: v.conc, Logger: quiet()})
+	var qs []*consumer.Queue
+	for i, s := range streams {
+		qs = append(qs, p.Add(consumer.Config{Stream: s, Group: pelicanGroup, Logger: quiet()},
+			consumer.QueueOptions{Weight: []int{6, 3, 1}[i]}).Handle(h))
+	}
+	stats := func() consumer.Stats {
+		var st consumer.Stats
+		for _, q := range qs {
+			st.Acked += q.Stats().Acked
+		}
+		return st
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	m := b.startMeter(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(runCtx) }()
+	b.waitFor("pelican pool", func() bool { return stats().Acked >= uint64(b.n) }, func() string {
+		return fmt.Sprintf("%+v; %d distinct jobs ran", stats(), set.distinct.Load())
+	})
+	r := m.stop(ctx, b.n)
+	cancel()
+	if err := <-errc; err != nil {
+		b.fatalf("pelican pool: Run: %v", err)
+	}
+	if err := set.check(b.n); err != nil {
+		b.fatalf("pelican pool: %v", err)
+	}
+	for i, s := range streams {
+		n := (i+1)*b.n/3 - i*b.n/3
+		if st := qs[i].Stats(); st.Acked != uint64(n) || st.Retried+st.Snoozed+st.DeadLettered+st.Lost+st.Stale != 0 {
+			b.fatalf("pelican pool: stream %s: stats %+v, want %d acked and nothing else", s, st, n)
+		}
+		if pend, err := b.rdb.XPending(ctx, s, pelicanGroup).Result(); err != nil || pend.Count != 0 || b.rdb.XLen(ctx, s).Val() != 0 {
+			b.fatalf("pelican pool: stream %s: pending %+v (%v), %d entries left", s, pend, err, b.rdb.XLen(ctx, s).Val())
+		}
+	}
 	return r
 }
