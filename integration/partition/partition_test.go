@@ -46,30 +46,22 @@ func clusterOptions(addrs []string) *redis.ClusterOptions {
 	return &redis.ClusterOptions{Addrs: addrs, ClusterStateReloadInterval: time.Second, PoolSize: 64}
 }
 
-// runPartitions runs one consumer per partition stream with cfg (its
-// Stream set to each) and h, until ctx is cancelled, and returns the
-// consumers' errors joined. It stands for consumer.NewPool, one shared
-// budget over the partitions, until that is merged.
-func runPartitions(ctx context.Context, rdb redis.UniversalClient, streams []string, cfg consumer.Config, h consumer.Handler) error {
-	var wg sync.WaitGroup
-	errs := make([]error, len(streams))
-	for i, s := range streams {
+// runPartitions runs every partition stream with cfg (its Stream set to
+// each) and h, in one consumer.Pool of the given concurrency shared by the
+// partitions (equal weights), until ctx is cancelled.
+func runPartitions(ctx context.Context, rdb redis.UniversalClient, streams []string, concurrency int, cfg consumer.Config, h consumer.Handler) error {
+	pool := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: concurrency, Logger: cfg.Logger})
+	for _, s := range streams {
 		c := cfg
 		c.Stream = s
-		cons := consumer.New(rdb, c).Handle(h)
-		wg.Go(func() { errs[i] = cons.Run(ctx) })
+		pool.Add(c, consumer.QueueOptions{Weight: 1}).Handle(h)
 	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			return fmt.Errorf("%s: %w", streams[i], err)
-		}
-	}
-	return nil
+	return pool.Run(ctx)
 }
 
 // workerMain is a consumer process: it runs every partition of
-// PARTITION_QUEUE (PARTITION_N partitions) until SIGTERM, and appends a
+// PARTITION_QUEUE (PARTITION_N partitions) in one pool of 48 slots until
+// SIGTERM, and appends a
 // line "<job id> <stream> <unix ns>" to PARTITION_LEDGER for every job it
 // runs (one write each, so a line is whole even if the process dies).
 func workerMain() int {
@@ -94,7 +86,6 @@ func workerMain() int {
 	cfg := consumer.Config{
 		Group:             group,
 		Consumer:          os.Getenv("PARTITION_NAME"),
-		Concurrency:       4,
 		VisibilityTimeout: vt,
 		HeartbeatInterval: vt / 4,
 		SweepInterval:     vt / 8,
@@ -108,7 +99,7 @@ func workerMain() int {
 		_, err := ledger.WriteString(line)
 		return err
 	})
-	if err := runPartitions(ctx, rdb, streams, cfg, h); err != nil {
+	if err := runPartitions(ctx, rdb, streams, 48, cfg, h); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
