@@ -21,10 +21,11 @@ import (
 // and then consumed, through one stream and through a queue of parts
 // partitions (stream.Partitions) on the Redis Cluster at addrs, rounds
 // times alternating, and prints jobs/s and each master's Redis CPU (INFO
-// cpu deltas) per phase. Each stream (the single one, and each partition)
-// gets one consumer at concurrency conc (0: the default Config).
+// cpu deltas) per phase. The single stream has one consumer at
+// concurrency conc (0: the default), the partitions one consumer.Pool of
+// conc slots (0: the default) over all of them.
 func partitionBench(ctx context.Context, addrs []string, n, parts, conc, rounds int) {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 4 * parts})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: max(64, 4*parts)})
 	defer cc.Close()
 	var masters []*redis.Client
 	var mu sync.Mutex
@@ -48,7 +49,7 @@ func partitionBench(ctx context.Context, addrs []string, n, parts, conc, rounds 
 	}
 	fmt.Printf("pelican-bench: partitions: Redis Cluster with %d masters (%s), GOMAXPROCS %d, load average %s\n",
 		len(masters), strings.Join(names, ", "), runtime.GOMAXPROCS(0), loadAverage())
-	fmt.Printf("%d jobs a run (100-byte payloads, no-op handler), one stream vs %d partitions, one consumer per stream at %s, %d rounds alternating\n",
+	fmt.Printf("%d jobs a run (100-byte payloads, no-op handler), one stream (one consumer) vs %d partitions (one consumer.Pool), %s, %d rounds alternating\n",
 		n, parts, concLabel(conc), rounds)
 
 	type side struct {
@@ -210,14 +211,27 @@ func partitionRound(ctx context.Context, cc *redis.ClusterClient, masters []*red
 	})
 	runCtx, cancel := context.WithCancel(ctx)
 	var cwg sync.WaitGroup
-	var cons []*consumer.Consumer
+	var idle []func(context.Context) error
 	start = time.Now()
-	for _, s := range streams {
-		c := consumer.New(cc, consumer.Config{Stream: s, Group: pelicanGroup, Concurrency: conc, Logger: quiet()}).Handle(h)
-		cons = append(cons, c)
+	if p == 1 {
+		c := consumer.New(cc, consumer.Config{Stream: streams[0], Group: pelicanGroup, Concurrency: conc, Logger: quiet()}).Handle(h)
+		idle = append(idle, c.WaitIdle)
 		cwg.Go(func() {
 			if err := c.Run(runCtx); err != nil {
-				fatal("partitions: consumer %s: %v", s, err)
+				fatal("partitions: consumer %s: %v", streams[0], err)
+			}
+		})
+	} else {
+		// The partitions share one budget of conc slots, as one consumer's
+		// Concurrency on the single stream.
+		pool := consumer.NewPool(cc, consumer.PoolConfig{Concurrency: conc, Logger: quiet()})
+		for _, s := range streams {
+			q := pool.Add(consumer.Config{Stream: s, Group: pelicanGroup}, consumer.QueueOptions{Weight: 1}).Handle(h)
+			idle = append(idle, q.WaitIdle)
+		}
+		cwg.Go(func() {
+			if err := pool.Run(runCtx); err != nil {
+				fatal("partitions: pool: %v", err)
 			}
 		})
 	}
@@ -229,9 +243,9 @@ func partitionRound(ctx context.Context, cc *redis.ClusterClient, masters []*red
 		time.Sleep(5 * time.Millisecond)
 	}
 	var iwg sync.WaitGroup // concurrently: each WaitIdle may wait for a read to end
-	for _, c := range cons {
+	for _, wait := range idle {
 		iwg.Go(func() {
-			if err := c.WaitIdle(ctx); err != nil {
+			if err := wait(ctx); err != nil {
 				fatal("partitions: %v", err)
 			}
 		})
