@@ -29,5 +29,12 @@
 // middleware use by default for locks, idempotency records and limits, so
 // that two queues never share those unless configured to.
 //
+// Partitioned queues: [Partitions] names the n streams of one logical queue,
+// with hash tags chosen to fall into n equal ranges of the cluster slots, so
+// that one queue spreads over every master of a Redis Cluster;
+// [PartitionOf] routes a key (CRC-32 mod n), and [PartitionedProducer]
+// adds each job to its partition. Each partition is a queue of its own for
+// everything else (docs/scaling.md).
+//
 // This package imports neither the consumer nor any observability library.
 package stream

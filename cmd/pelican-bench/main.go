@@ -33,6 +33,12 @@
 //	latency          enqueue-to-handler p50/p99 at -rate jobs/s for -latency-for
 //	rss              peak RSS (VmHWM of a child process) draining a -backlog-rss backlog
 //
+// With -cluster host:port,... it runs only the partitions phase: -jobs jobs
+// enqueued then consumed through one stream and through -partitions (12)
+// partitions of a queue on that Redis Cluster, one consumer per stream at
+// the first -concurrency, alternating for -rounds, with each master's Redis
+// CPU (INFO cpu deltas) per job and its share of the cluster's.
+//
 // Every job carries the same 100-byte payload. Each run checks that exactly
 // the jobs enqueued ran, each as often as the phase intends (distinct jobs
 // counted by the handler), and that the queue is empty after it, and fails
@@ -61,6 +67,7 @@ import (
 	"time"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/stream"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -99,6 +106,8 @@ func main() {
 	backlog := flag.Int("backlog", 100000, "retention phase: how far the producer may run ahead of the consumer")
 	outboxJobs := flag.Int("outbox", 0, "run only the outbox phase: this many jobs a run, plain producer vs enqueue-once vs outbox relay, then commit-to-stream latency at -rate for -latency-for")
 	outboxRelays := flag.Int("outbox-relays", 2, "outbox phase: relays running at once")
+	partitions := flag.Int("partitions", 12, "partitions phase: the partition count")
+	clusterAddrs := flag.String("cluster", "", "run only the partitions phase on the Redis Cluster at these comma-separated addresses: -jobs jobs through one stream vs -partitions partitions, Redis CPU per master")
 	flag.StringVar(&pgDSN, "pg-dsn", envOr("PG_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "outbox phase: PostgreSQL connection string")
 	flag.Parse()
 
@@ -147,6 +156,13 @@ func main() {
 		}
 	}
 
+	if *clusterAddrs != "" {
+		if *partitions < 2 || *partitions > stream.MaxPartitions {
+			usage("-partitions must be between 2 and %d", stream.MaxPartitions)
+		}
+		partitionBench(context.Background(), strings.Split(*clusterAddrs, ","), *jobs, *partitions, concs[0], *rounds)
+		return
+	}
 	b.rdb = redis.NewClient(&redis.Options{Addr: *addr, PoolSize: *pool})
 	defer b.rdb.Close()
 	ctx := context.Background()

@@ -59,9 +59,17 @@ and changes nothing. Ctrl-C stops a replay cleanly (exit 130); run the same
 command again to continue where it stopped: each job is replayed once.
 What replay does with idempotency records: pelican dlq replay --help.
 
-A stream that exists neither as <stream> nor as its dead-letter stream exits 4.`,
+A stream that exists neither as <stream> nor as its dead-letter stream exits 4.
+
+A partitioned queue (stream.Partitions): --partitions N makes <stream> of ls,
+replay and purge the queue's name, and runs the command on each of its N
+partitions in turn (confirming each unless --yes); show takes the partition's
+stream, as ls prints it.`,
 	}
-	c.AddCommand(newDLQLsCmd(a), newDLQShowCmd(a), newDLQReplayCmd(a), newDLQPurgeCmd(a))
+	var partitions int
+	c.PersistentFlags().IntVar(&partitions, "partitions", 0, "ls, replay, purge: <stream> names a partitioned queue of this many partitions")
+	c.AddCommand(perPartition(a, &partitions, newDLQLsCmd(a)), newDLQShowCmd(a),
+		perPartition(a, &partitions, newDLQReplayCmd(a)), perPartition(a, &partitions, newDLQPurgeCmd(a)))
 	return c
 }
 

@@ -35,6 +35,11 @@ type streamStats struct {
 	DeadScanned int64        `json:"dead_scanned"`
 	DeadCapped  bool         `json:"dead_scan_capped"`
 	Groups      []groupStats `json:"groups"`
+	// PartitionCount and Partitions are, for a partitioned queue (whose
+	// figures above are sums over its partitions), its partition count and
+	// the partitions' own stats (those found, when SCAN found them).
+	PartitionCount int           `json:"partition_count,omitempty"`
+	Partitions     []streamStats `json:"partitions,omitempty"`
 }
 
 // groupStats is one consumer group of a stream.
@@ -66,7 +71,7 @@ func (d durationJSON) MarshalJSON() ([]byte, error) {
 
 func newStatsCmd(a *app) *cobra.Command {
 	var watch time.Duration
-	var watchCount int
+	var watchCount, partitions int
 	cmd := &cobra.Command{
 		Use:   "stats [stream...]",
 		Short: "Show length, lag, pending, delayed and dead letters of streams",
@@ -77,12 +82,18 @@ stream of the database (dead-letter streams, ending in ":dlq", excluded) that
 the Redis user may read: others are skipped and counted on stderr, unnamed.
 Dead letters are counted by reason over at most 100000 entries.
 
+A partitioned queue (stream.Partitions) is shown as one queue, its figures
+summed over its partitions, with a per-partition table: without arguments
+the partition streams found are grouped by queue; --partitions N makes every
+argument the name of a queue of N partitions (pelican stats orders
+--partitions 12). A partition never written to counts as empty.
+
 --watch [interval] redraws in place until interrupted (default every 2s).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			return withClient(ctx, a, func(rdb redis.UniversalClient) error {
 				if watch <= 0 {
-					return statsOnce(ctx, a, rdb, args, false)
+					return statsOnce(ctx, a, rdb, args, partitions, false)
 				}
 				for i := 0; watchCount == 0 || i < watchCount; i++ {
 					if i > 0 {
@@ -92,7 +103,7 @@ Dead letters are counted by reason over at most 100000 entries.
 						case <-time.After(watch):
 						}
 					}
-					if err := statsOnce(ctx, a, rdb, args, true); err != nil {
+					if err := statsOnce(ctx, a, rdb, args, partitions, true); err != nil {
 						if ctx.Err() != nil {
 							return nil
 						}
@@ -106,6 +117,7 @@ Dead letters are counted by reason over at most 100000 entries.
 	f := cmd.Flags()
 	f.DurationVarP(&watch, "watch", "w", 0, "refresh in place every interval until interrupted (--watch alone: 2s)")
 	f.Lookup("watch").NoOptDefVal = "2s"
+	f.IntVar(&partitions, "partitions", 0, "each argument names a partitioned queue of this many partitions")
 	f.IntVar(&watchCount, "watch-count", 0, "stop after this many refreshes (for tests)")
 	_ = f.MarkHidden("watch-count")
 	return cmd
@@ -118,14 +130,24 @@ Dead letters are counted by reason over at most 100000 entries.
 // an ACL, is skipped and only counted, on stderr, so that its name appears
 // nowhere; a user that may not SCAN is told to name its streams. A stream
 // deleted between the SCAN and its reads is left out.
-func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []string, clear bool) error {
+func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []string, partitions int, clear bool) error {
 	scanned := len(names) == 0
-	if scanned {
+	var refs []queueRef
+	switch {
+	case partitions != 0 && scanned:
+		return fail(exitUsage, "--partitions needs the queues' names")
+	case partitions != 0:
+		var err error
+		if refs, err = partitionedRefs(names, partitions); err != nil {
+			return err
+		}
+	case scanned:
 		var err error
 		if names, err = scanStreams(ctx, a, rdb); err != nil {
 			return err
 		}
-	} else {
+		refs = groupPartitions(names)
+	default:
 		for _, s := range names {
 			if _, err := stream.KeysFor(s); err != nil {
 				return fail(exitUsage, "stream %q: %v", s, err)
@@ -133,21 +155,66 @@ func statsOnce(ctx context.Context, a *app, rdb redis.UniversalClient, names []s
 			if err := checkStream(ctx, rdb, s); err != nil {
 				return err
 			}
+			refs = append(refs, queueRef{name: s})
+		}
+	}
+	names = names[:0:0]
+	partOf := map[string]bool{}
+	for _, r := range refs {
+		names = append(names, r.streams()...)
+		if r.partitions != nil {
+			for _, p := range r.partitions {
+				partOf[p] = true
+			}
 		}
 	}
 	skipped := 0
-	all, now, err := collectStats(ctx, rdb, names, func(err error) bool {
+	var missing []string
+	streams, now, err := collectStats(ctx, rdb, names, func(stream string, err error) bool {
 		switch {
 		case scanned && queuestats.NoPerm(err):
 			skipped++
 			return true
-		case scanned && errors.Is(err, queuestats.ErrNotFound):
-			return true // deleted since the SCAN found it
+		case (scanned || partOf[stream]) && errors.Is(err, queuestats.ErrNotFound):
+			missing = append(missing, stream)
+			return true // deleted since the SCAN found it, or a partition never written to
 		}
 		return false
 	})
 	if err != nil {
 		return err
+	}
+	byName := map[string]streamStats{}
+	for _, st := range streams {
+		byName[st.Stream] = st
+	}
+	var all []streamStats
+	for _, r := range refs {
+		if r.partitions == nil {
+			if st, ok := byName[r.name]; ok {
+				all = append(all, st)
+			}
+			continue
+		}
+		parts := make([]streamStats, 0, len(r.partitions))
+		for _, p := range r.partitions {
+			st, ok := byName[p]
+			if !ok {
+				st = streamStats{Stream: p, DeadByReason: map[string]int64{}, Groups: []groupStats{}}
+			}
+			parts = append(parts, st)
+		}
+		if !scanned && len(missing) > 0 {
+			found := false
+			for _, p := range r.partitions {
+				_, ok := byName[p]
+				found = found || ok
+			}
+			if !found {
+				return fail(exitNotFound, "unknown queue %q: none of its %d partitions exists", r.name, len(r.partitions))
+			}
+		}
+		all = append(all, mergeStats(r.name, r.n, parts))
 	}
 	if skipped > 0 {
 		fmt.Fprintf(a.errOut, "pelican: skipped %d stream(s) that this Redis user may not read\n", skipped)
@@ -194,7 +261,7 @@ func scanStreams(ctx context.Context, a *app, rdb redis.UniversalClient) ([]stri
 // two pipelined round trips for all of them), then counts each one's dead
 // letters by reason. A stream's error is returned as a CLI error unless
 // skip accepts it.
-func collectStats(ctx context.Context, rdb redis.UniversalClient, names []string, skip func(error) bool) ([]streamStats, time.Time, error) {
+func collectStats(ctx context.Context, rdb redis.UniversalClient, names []string, skip func(stream string, err error) bool) ([]streamStats, time.Time, error) {
 	for _, s := range names {
 		if _, err := stream.KeysFor(s); err != nil {
 			return nil, time.Time{}, fail(exitUsage, "stream %q: %v", s, err)
@@ -207,7 +274,7 @@ func collectStats(ctx context.Context, rdb redis.UniversalClient, names []string
 	all := make([]streamStats, 0, len(qs))
 	for _, q := range qs {
 		if q.Err != nil {
-			if skip(q.Err) {
+			if skip(q.Stream, q.Err) {
 				continue
 			}
 			switch {
@@ -283,8 +350,12 @@ func countDeadReasons(ctx context.Context, rdb redis.UniversalClient, dead strin
 
 // printStats writes one stream's stats as tables.
 func printStats(a *app, st streamStats) error {
-	t := newTable(a, "STREAM", "LENGTH", "DELAYED", "DEAD")
-	t.Row(st.Stream, st.Length, st.Delayed, st.DeadLetters)
+	head, name := "STREAM", st.Stream
+	if st.Partitions != nil {
+		head, name = "QUEUE", fmt.Sprintf("%s (%d partitions)", st.Stream, st.PartitionCount)
+	}
+	t := newTable(a, head, "LENGTH", "DELAYED", "DEAD")
+	t.Row(name, st.Length, st.Delayed, st.DeadLetters)
 	if err := t.Flush(); err != nil {
 		return err
 	}
@@ -333,6 +404,9 @@ func printStats(a *app, st streamStats) error {
 		if st.DeadCapped {
 			fmt.Fprintf(a.out, "(dead letters counted over the first %d of %d entries)\n", st.DeadScanned, st.DeadLetters)
 		}
+	}
+	if st.Partitions != nil {
+		return printPartitions(a, st)
 	}
 	return nil
 }

@@ -5,7 +5,8 @@
 // Redis they may kill (Server.Kill9), freeze (Server.Stop, Server.Cont),
 // shut down and restart (Server.Shutdown, Server.Restart), or a local Redis
 // Cluster (StartCluster) to check that every script keeps its keys in one
-// slot, or a TLS-only server (Options.TLS) with a CA and certificates it
+// slot, with replicas (StartClusterReplicas) whose masters a test kills
+// and waits for a replica to take over (Cluster.KillMaster), or a TLS-only server (Options.TLS) with a CA and certificates it
 // makes itself. Shared and Addr reach the long-lived
 // Redis named by REDIS_ADDR, for tests that do not need a private server;
 // Name gives each test its own key prefix, so such tests never FLUSHDB.

@@ -253,6 +253,77 @@ return redis.call('GET', KEYS[2])`
 	}
 }
 
+// TestStartClusterReplicas kills a master of a 3-master cluster with one
+// replica each: its replica owns its slots afterwards, and a key written
+// before the kill (and replicated: WAIT) is still there.
+func TestStartClusterReplicas(t *testing.T) {
+	t.Parallel()
+	c := StartClusterReplicas(t, 3, 1)
+	if n := len(c.Nodes()); n != 6 {
+		t.Fatalf("Nodes() has %d servers, want 6", n)
+	}
+	masters := c.Masters()
+	for i, m := range masters {
+		if m != c.Nodes()[i] {
+			t.Fatalf("Masters()[%d] = %s, want the created master %s", i, m.Addr(), c.Nodes()[i].Addr())
+		}
+	}
+	cc := c.Client(t, func(o *redis.ClusterOptions) { o.ClusterStateReloadInterval = time.Second })
+	ctx := t.Context()
+	key := "{b}:" + Name(t) // slot 3300: the first master's
+	if err := cc.Set(ctx, key, "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the replica holds the key, so the kill loses nothing.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		nodes, err := ClusterNodes(masters[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var replica *Server
+		for _, n := range nodes {
+			if n.Master != "" {
+				for _, m := range nodes {
+					if m.ID == n.Master && m.Addr == masters[0].Addr() {
+						replica = c.server(n.Addr)
+					}
+				}
+			}
+		}
+		if replica == nil {
+			t.Fatal("the first master has no replica")
+		}
+		// A replica redirects key commands (MOVED) without READONLY.
+		if v, err := probe(replica.Addr(), nil, probeTimeout, "DBSIZE"); err == nil && v == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the key never reached the replica")
+		}
+		time.Sleep(pollInterval)
+	}
+	promoted := c.KillMaster(masters[0])
+	if promoted == masters[0] {
+		t.Fatal("KillMaster returned the killed master")
+	}
+	now := c.Masters()
+	if len(now) != 3 || now[0] != promoted {
+		t.Fatalf("after the failover the masters are %v, want %s first", now, promoted.Addr())
+	}
+	// The client reloads its slot map every second (see Cluster.Client).
+	var got string
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if got, err = cc.Get(ctx, key).Result(); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(pollInterval) // the client learns the new topology from its errors
+	}
+	if got != "v" {
+		t.Fatalf("GET %s after the failover = %q, %v; want v", key, got, err)
+	}
+}
+
 func TestShared(t *testing.T) {
 	t.Parallel()
 	t.Run("reachable", func(t *testing.T) {

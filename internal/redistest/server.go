@@ -166,6 +166,8 @@ func (s *Server) args() []string {
 			"--cluster-port", strconv.Itoa(s.busPort),
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "2000",
+			// A replica's first sync starts at once, not after 5 s.
+			"--repl-diskless-sync-delay", "0",
 		)
 	}
 	return append(args, s.opts.Args...)

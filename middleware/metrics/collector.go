@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,25 @@ const (
 	// DefaultTimeout bounds one refresh of the queue state.
 	DefaultTimeout = 3 * time.Second
 )
+
+// PartitionedQueue returns the Queues of the n partitions of a partitioned
+// queue (stream.Partitions), each with groups, for CollectorConfig.Queues.
+// Their series carry each partition's stream label, and
+// pelican_stream_partition_info maps the streams to the queue, so that one
+// query sums a queue over its partitions:
+//
+//	sum by (queue, group) (pelican_pending_jobs * on (stream) group_left (queue) pelican_stream_partition_info)
+func PartitionedQueue(queue string, n int, groups ...string) ([]Queue, error) {
+	streams, err := stream.Partitions(queue, n)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	qs := make([]Queue, len(streams))
+	for i, s := range streams {
+		qs[i] = Queue{Stream: s, Groups: groups}
+	}
+	return qs, nil
+}
 
 // Queue names one queue whose state the collector reads.
 type Queue struct {
@@ -69,7 +89,7 @@ type Collector struct {
 	now    func() time.Time
 
 	streamLen, pending, lag, oldestAge, oldestIdle, delayed, deadLen *prometheus.Desc
-	up, errorsTotal                                                  *prometheus.Desc
+	up, errorsTotal, partitionInfo                                   *prometheus.Desc
 	settled, reclaimed, lost, stale, leaseLost, readErrors, trimmed  *prometheus.Desc
 
 	mu      sync.Mutex // held during a refresh, so concurrent scrapes share it
@@ -115,6 +135,7 @@ type groupState struct {
 //	pelican_oldest_pending_idle_seconds{stream,group}   gauge: time since that entry was last delivered or extended
 //	pelican_delayed_jobs{stream}                        gauge: jobs waiting in the delayed set
 //	pelican_dead_letter_stream_length{stream}           gauge: entries in the dead-letter stream
+//	pelican_stream_partition_info{stream,queue,partition,partitions}  gauge: 1 for a stream that is a partition (stream.Partitions)
 //	pelican_collector_up                                gauge: 1 if the last refresh succeeded
 //	pelican_collector_errors_total                      counter: failed refreshes
 //
@@ -168,14 +189,16 @@ func NewCollector(rdb redis.UniversalClient, cfg CollectorConfig) *Collector {
 	sg := []string{"stream", "group"}
 	return &Collector{
 		rdb: rdb, cfg: cfg, queues: queues, now: time.Now,
-		streamLen:   d("stream_length", "Entries in the job stream (XLEN).", "stream"),
-		pending:     d("pending_jobs", "Entries delivered to the group and not acknowledged (its pending entries list).", sg...),
-		lag:         d("group_lag", "Entries of the stream not yet delivered to the group (XINFO GROUPS lag).", sg...),
-		oldestAge:   d("oldest_pending_seconds", "Age of the group's lowest pending entry: server time minus the time in its ID.", sg...),
-		oldestIdle:  d("oldest_pending_idle_seconds", "Time since the group's lowest pending entry was last delivered or extended.", sg...),
-		delayed:     d("delayed_jobs", "Jobs waiting in the delayed set for a later attempt.", "stream"),
-		deadLen:     d("dead_letter_stream_length", "Entries in the dead-letter stream (XLEN).", "stream"),
-		up:          d("collector_up", "1 if the collector's last read of the queue state from Redis succeeded, else 0."),
+		streamLen:  d("stream_length", "Entries in the job stream (XLEN).", "stream"),
+		pending:    d("pending_jobs", "Entries delivered to the group and not acknowledged (its pending entries list).", sg...),
+		lag:        d("group_lag", "Entries of the stream not yet delivered to the group (XINFO GROUPS lag).", sg...),
+		oldestAge:  d("oldest_pending_seconds", "Age of the group's lowest pending entry: server time minus the time in its ID.", sg...),
+		oldestIdle: d("oldest_pending_idle_seconds", "Time since the group's lowest pending entry was last delivered or extended.", sg...),
+		delayed:    d("delayed_jobs", "Jobs waiting in the delayed set for a later attempt.", "stream"),
+		deadLen:    d("dead_letter_stream_length", "Entries in the dead-letter stream (XLEN).", "stream"),
+		up:         d("collector_up", "1 if the collector's last read of the queue state from Redis succeeded, else 0."),
+		partitionInfo: d("stream_partition_info", "1 for each stream that is a partition of a partitioned queue (stream.Partitions): its queue and partition index.",
+			"stream", "queue", "partition", "partitions"),
 		errorsTotal: d("collector_errors_total", "Reads of the queue state from Redis that failed."),
 		settled:     d("settled_total", "Settlements the consumers applied, by outcome (ack, retry, dead_letter).", "stream", "group", "outcome"),
 		reclaimed:   d("reclaimed_total", "Entries the consumers took over after the visibility timeout.", sg...),
@@ -190,7 +213,7 @@ func NewCollector(rdb redis.UniversalClient, cfg CollectorConfig) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.streamLen, c.pending, c.lag, c.oldestAge, c.oldestIdle, c.delayed,
-		c.deadLen, c.up, c.errorsTotal, c.settled, c.reclaimed, c.lost, c.stale, c.leaseLost, c.readErrors, c.trimmed} {
+		c.deadLen, c.up, c.errorsTotal, c.partitionInfo, c.settled, c.reclaimed, c.lost, c.stale, c.leaseLost, c.readErrors, c.trimmed} {
 		ch <- d
 	}
 }
@@ -200,6 +223,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	snap, ok, errs := c.state()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, q := range c.queues {
+		if queue, n, i, isPart := stream.ParsePartition(q.Stream); isPart {
+			gauge(c.partitionInfo, 1, q.Stream, queue, strconv.Itoa(i), strconv.Itoa(n))
+		}
 	}
 	up := 0.0
 	if ok {

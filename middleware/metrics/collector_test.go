@@ -222,3 +222,48 @@ pelican_collector_up 0
 		t.Error(err)
 	}
 }
+
+// TestCollector_partitioned: the Queues of a partitioned queue report each
+// partition under its stream, and pelican_stream_partition_info maps the
+// streams to their queue.
+func TestCollector_partitioned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := redistest.Shared(t)
+	queue := strings.ReplaceAll(redistest.Name(t), ":", "-")
+	qs, err := metrics.PartitionedQueue(queue, 3, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, q := range qs {
+			redistest.DeleteKeys(rdb, q.Stream+"*")
+		}
+	})
+	for i, q := range qs {
+		for range i + 1 {
+			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: q.Stream, Values: []any{"type", "t"}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	col := metrics.NewCollector(rdb, metrics.CollectorConfig{Queues: append(qs, metrics.Queue{Stream: queue + "-plain", Groups: []string{"g"}})})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	var want strings.Builder
+	want.WriteString("# HELP pelican_stream_partition_info 1 for each stream that is a partition of a partitioned queue (stream.Partitions): its queue and partition index.\n# TYPE pelican_stream_partition_info gauge\n")
+	for i, q := range qs {
+		fmt.Fprintf(&want, "pelican_stream_partition_info{partition=%q,partitions=\"3\",queue=%q,stream=%q} 1\n", fmt.Sprint(i), queue, q.Stream)
+	}
+	want.WriteString("# HELP pelican_stream_length Entries in the job stream (XLEN).\n# TYPE pelican_stream_length gauge\n")
+	fmt.Fprintf(&want, "pelican_stream_length{stream=%q} 0\n", queue+"-plain")
+	for i, q := range qs {
+		fmt.Fprintf(&want, "pelican_stream_length{stream=%q} %d\n", q.Stream, i+1)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want.String()), "pelican_stream_partition_info", "pelican_stream_length"); err != nil {
+		t.Error(err)
+	}
+	if _, err := metrics.PartitionedQueue("{bad}", 3, "g"); err == nil {
+		t.Error("PartitionedQueue accepted a queue name with braces")
+	}
+}
