@@ -94,7 +94,9 @@ func (c *Consumer) dispatch(d delivery, fresh bool) {
 	default:
 		go func() {
 			defer c.release(1)
-			c.work(ctx, t, d, "")
+			if c.holdWhilePaused(t) {
+				c.work(ctx, t, d, "")
+			}
 		}()
 	}
 }
@@ -119,6 +121,10 @@ func (c *Consumer) runWorker(ctx context.Context) {
 // gate, shared, so that no fresh job starts while a suspect waits to run
 // alone (see suspect.go).
 func (c *Consumer) runQueued(ctx context.Context, t *task) {
+	if c.pause.holds(t.d.fields) {
+		c.parkQueued(ctx, t) // keeps its place (see pause.go)
+		return
+	}
 	defer c.freeRoom(1)
 	slot := false
 	c.gate.RLock()

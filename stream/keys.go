@@ -40,6 +40,15 @@ type Keys struct {
 	// the default of middleware.DistributedConcurrencyConfig.Prefix: the
 	// slots of key k are Limit + k.
 	Limit string
+	// Paused is the hash of the queue's pauses (see package control): field
+	// "queue" pauses the whole queue, "type:" + t the jobs of type t; each
+	// value is the pause's end in Unix milliseconds of the Redis clock, "0"
+	// for none.
+	Paused string
+	// Control is the Pub/Sub channel on which package control tells the
+	// queue's consumers that its pauses changed. A channel, not a key: a
+	// Redis ACL covers it with "&{orders}:*".
+	Control string
 }
 
 // KeysFor returns the keys of the queue whose stream is named stream.
@@ -61,6 +70,8 @@ type Keys struct {
 //	{orders}:lock:{<key>}   locks (each with its fencing token)
 //	{orders}:rate:<key>     rate limits
 //	{orders}:limit:<key>    distributed concurrency limits
+//	{orders}:paused         pauses (package control)
+//	{orders}:control        the Pub/Sub channel of pause changes
 //
 // Dead-letter replays add {orders}:dlq:replay and {orders}:dlq:replay:cursor
 // (the dead-letter stream's derived keys). Locks, idempotency records and
@@ -82,6 +93,8 @@ func KeysFor(stream string) (Keys, error) {
 		Lock:    prefix + ":lock:",
 		Rate:    prefix + ":rate:",
 		Limit:   prefix + ":limit:",
+		Paused:  prefix + ":paused",
+		Control: prefix + ":control",
 	}, nil
 }
 

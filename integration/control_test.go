@@ -1,0 +1,248 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/control"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// enqueueType adds n jobs of type typ with behaviour b and returns their
+// job IDs.
+func (s *scenario) enqueueType(typ string, n int, b behaviour) []string {
+	s.t.Helper()
+	p := stream.NewProducer(s.rdb, stream.ProducerConfig{Stream: s.stream})
+	ids := make([]string, n)
+	jobs := make([]*stream.Job, n)
+	for i := range jobs {
+		j, err := stream.NewJSONJob(typ, b)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		jobs[i] = j
+	}
+	if _, err := p.EnqueueBatch(context.Background(), jobs); err != nil {
+		s.t.Fatal(err)
+	}
+	for i, j := range jobs {
+		ids[i] = j.ID
+	}
+	return ids
+}
+
+// pendingEntries returns the group's pending entries (at most 1,000).
+func (s *scenario) pendingEntries(group string) []redis.XPendingExt {
+	s.t.Helper()
+	p, err := s.rdb.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: s.stream, Group: group, Start: "-", End: "+", Count: 1000}).Result()
+	if err != nil {
+		s.t.Fatalf("XPENDING: %v", err)
+	}
+	return p
+}
+
+// quietWindow is how long a test watches for starts that must not happen
+// while a queue is paused: longer than the visibility timeout below, so
+// that held jobs whose leases the heartbeat did not extend would be
+// reclaimed (and start, or show a delivery count of 2) within it.
+const quietWindow = 4 * time.Second
+
+// pauseWorkers are the workers of the pause tests: a visibility timeout
+// shorter than the quiet window, so that the heartbeat must hold every held
+// job's lease.
+var pauseWorkers = workerOpts{Visibility: 2 * time.Second, Sweep: 100 * time.Millisecond, Concurrency: 4}
+
+// checkHeld checks that every pending entry was delivered once (held jobs
+// were not reclaimed nor re-read: no suspects made by the pause).
+func checkHeld(t *testing.T, s *scenario) {
+	t.Helper()
+	for _, e := range s.pendingEntries("g") {
+		if e.RetryCount != 1 {
+			t.Errorf("pending entry %s held by %s was delivered %d times while paused, want 1", e.ID, e.Consumer, e.RetryCount)
+		}
+	}
+}
+
+// checkDoneOnce waits until every job of ids has had one effect and none is
+// pending, then checks that none ran twice, no attempt was counted and
+// nothing was dead-lettered.
+func checkDoneOnce(t *testing.T, s *scenario, ids []string) {
+	t.Helper()
+	eventually(t, time.Minute, func() (bool, string) {
+		effects := countEvents(readLedger(t, s.ledger), "effect")
+		for _, id := range ids {
+			if effects[id] == 0 {
+				return false, fmt.Sprintf("job %s never ran", id)
+			}
+		}
+		return s.pending("g") == 0, fmt.Sprintf("pending = %d", s.pending("g"))
+	})
+	effects := countEvents(readLedger(t, s.ledger), "effect")
+	for _, id := range ids {
+		if effects[id] != 1 {
+			t.Errorf("job %s ran %d times, want 1", id, effects[id])
+		}
+	}
+	for _, e := range readLedger(t, s.ledger) {
+		if e.Event == "start" && (e.Attempt != 0 || e.Deliveries != 1) {
+			t.Errorf("job %s started with attempt %d, delivered %d times; want 0 and 1 (a pause counts nothing)", e.JobID, e.Attempt, e.Deliveries)
+		}
+	}
+	if d := s.dead(); len(d) > 0 {
+		t.Errorf("%d dead letters, want none", len(d))
+	}
+}
+
+// Two consumer processes busy with a backlog of long jobs, each holding
+// jobs queued behind its running ones: a pause of the queue stops every new
+// start within about a second (measured and logged; a queued job would
+// start only when a running one ends, 2.5 s later), running jobs finish,
+// nothing starts while the pause lasts (longer than the visibility
+// timeout), held jobs are not redelivered, and after Resume every job runs
+// once.
+func TestControl_pauseResume(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t, nil, "")
+	watch, report := watchStalls(s.rdb)
+	defer report()
+	ids := s.enqueue(16, behaviour{SleepMS: 2500})
+	o := pauseWorkers
+	o.Concurrency = 2 // and 2 queued
+	s.worker("a", o)
+	s.worker("b", o)
+	eventually(t, time.Minute, func() (bool, string) {
+		n := len(countEvents(readLedger(t, s.ledger), "start"))
+		return n >= 4, fmt.Sprintf("%d jobs started before the pause, want 4", n)
+	})
+	sent := time.Now()
+	if err := control.Pause(t.Context(), s.rdb, s.stream, control.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Watch for starts (a window: an absence is what is checked).
+	for deadline := sent.Add(quietWindow); time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	var last time.Time
+	started := countEvents(readLedger(t, s.ledger), "start")
+	for _, e := range readLedger(t, s.ledger) {
+		if e.Event == "start" && e.At.After(last) {
+			last = e.At
+		}
+	}
+	lag := max(last.Sub(sent), 0)
+	t.Logf("pause to the last new start: %v (%d of %d jobs started)", lag.Round(time.Millisecond), len(started), len(ids))
+	if bound := 1500*time.Millisecond + watch.Longest(); lag > bound {
+		t.Errorf("a job started %v after the pause, want within about %v (1.5 s plus the longest stall)", lag, bound)
+	}
+	if n := len(countEvents(readLedger(t, s.ledger), "effect")); n < len(started) {
+		t.Errorf("%d jobs finished of the %d started: running jobs must finish while paused", n, len(started))
+	}
+	checkHeld(t, s)
+	st, err := control.State(t.Context(), s.rdb, s.stream)
+	if err != nil || !st.Queue {
+		t.Fatalf("State = %+v, %v; want the queue paused", st, err)
+	}
+	if err := control.Resume(t.Context(), s.rdb, s.stream, control.ResumeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checkDoneOnce(t, s, ids)
+	if err := control.Resume(t.Context(), s.rdb, s.stream, control.ResumeOptions{}); err != control.ErrNotPaused {
+		t.Errorf("second Resume = %v, want ErrNotPaused", err)
+	}
+}
+
+// A timed pause ends by itself, by the Redis clock, with no message: jobs
+// enqueued during it start only after its end, then all run once.
+func TestControl_timedPause(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t, nil, "")
+	s.worker("a", pauseWorkers)
+	s.worker("b", pauseWorkers)
+	probe := s.enqueue(1, behaviour{})
+	checkDoneOnce(t, s, probe) // both consumers are up (or one drained it)
+	now, err := s.rdb.Time(t.Context()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := now.Add(quietWindow)
+	if err := control.Pause(t.Context(), s.rdb, s.stream, control.PauseOptions{Until: until}); err != nil {
+		t.Fatal(err)
+	}
+	ids := append(probe, s.enqueue(100, behaviour{SleepMS: 10})...)
+	checkDoneOnce(t, s, ids)
+	// Redis runs on this machine: its clock is the ledger's.
+	for _, e := range readLedger(t, s.ledger) {
+		if e.Event == "start" && e.JobID != probe[0] && e.At.Before(until) {
+			t.Errorf("job %s started at %s, before the pause's end %s", e.JobID, e.At.Format(time.StampMilli), until.Format(time.StampMilli))
+		}
+	}
+	if st, err := control.State(t.Context(), s.rdb, s.stream); err != nil || st.Any() {
+		t.Errorf("State after the end = %+v, %v; want nothing paused", st, err)
+	}
+}
+
+// A paused type neither runs nor churns, while the other types run; after
+// Resume its jobs run once. Fewer held jobs than the consumers' room, so
+// that they do not stop reading (the documented limit).
+func TestControl_pauseType(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t, nil, "")
+	if err := control.Pause(t.Context(), s.rdb, s.stream, control.PauseOptions{Type: "slow"}); err != nil {
+		t.Fatal(err)
+	}
+	s.worker("a", pauseWorkers)
+	s.worker("b", pauseWorkers)
+	var slow, fast []string
+	for range 3 {
+		slow = append(slow, s.enqueueType("slow", 2, behaviour{})...)
+		fast = append(fast, s.enqueueType("test", 100, behaviour{SleepMS: 5})...)
+	}
+	eventually(t, time.Minute, func() (bool, string) {
+		effects := countEvents(readLedger(t, s.ledger), "effect")
+		for _, id := range fast {
+			if effects[id] == 0 {
+				return false, fmt.Sprintf("job %s of an unpaused type never ran", id)
+			}
+		}
+		return true, ""
+	})
+	// Held past the visibility timeout: still not started, not redelivered.
+	time.Sleep(quietWindow)
+	starts := countEvents(readLedger(t, s.ledger), "start")
+	for _, id := range slow {
+		if starts[id] != 0 {
+			t.Errorf("job %s of the paused type started", id)
+		}
+	}
+	checkHeld(t, s)
+	if err := control.Resume(t.Context(), s.rdb, s.stream, control.ResumeOptions{Type: "slow"}); err != nil {
+		t.Fatal(err)
+	}
+	checkDoneOnce(t, s, append(slow, fast...))
+}
+
+// Bad options are errors naming the field, before Redis is touched.
+func TestControl_pauseInvalid(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // nothing listens: Redis must not be asked
+	defer rdb.Close()
+	ctx := t.Context()
+	for name, err := range map[string]error{
+		"empty stream":      control.Pause(ctx, rdb, "", control.PauseOptions{}),
+		"Until in the past": control.Pause(ctx, rdb, "q", control.PauseOptions{Until: time.Now().Add(-time.Second)}),
+		"control type":      control.Pause(ctx, rdb, "q", control.PauseOptions{Type: "a\nb"}),
+		"resume both":       control.Resume(ctx, rdb, "q", control.ResumeOptions{All: true, Type: "x"}),
+	} {
+		if err == nil {
+			t.Errorf("%s: no error", name)
+		} else if want := map[string]string{"empty stream": "stream", "Until in the past": "PauseOptions.Until",
+			"control type": "PauseOptions.Type", "resume both": "ResumeOptions.Type"}[name]; !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want it to name %s", name, err, want)
+		}
+	}
+}
