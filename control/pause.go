@@ -23,9 +23,6 @@ var (
 	//go:embed resume.lua
 	resumeLua    string
 	resumeScript = redis.NewScript(resumeLua)
-	//go:embed state.lua
-	stateLua    string
-	stateScript = redis.NewScript(stateLua)
 )
 
 // MaxPauses is the most pauses (the queue's and its types') a queue may
@@ -207,26 +204,29 @@ func State(ctx context.Context, rdb redis.UniversalClient, s string) (Paused, er
 	if err != nil {
 		return Paused{}, err
 	}
-	res, err := stateScript.Run(ctx, rdb, []string{k.Paused}).StringSlice()
-	if err != nil {
+	// TIME and HGETALL, not a script: a read-only Redis user may read the
+	// state (see docs/acl.md).
+	var now *redis.TimeCmd
+	var all *redis.MapStringStringCmd
+	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		now = p.Time(ctx)
+		all = p.HGetAll(ctx, k.Paused)
+		return nil
+	}); err != nil {
 		return Paused{}, fmt.Errorf("control: reading the pauses of %s: %w", s, err)
 	}
-	return parseState(res)
+	return ParseState(now.Val(), all.Val()), nil
 }
 
-func parseState(res []string) (Paused, error) {
-	if len(res) < 2 || len(res)%2 != 0 {
-		return Paused{}, fmt.Errorf("control: unexpected state reply of %d values", len(res))
-	}
-	sec, err1 := strconv.ParseInt(res[0], 10, 64)
-	usec, err2 := strconv.ParseInt(res[1], 10, 64)
-	if err1 != nil || err2 != nil {
-		return Paused{}, errors.New("control: unexpected TIME in the state reply")
-	}
-	p := Paused{Now: time.Unix(sec, usec*1000)}
-	nowMs := p.Now.UnixMilli()
-	for i := 2; i < len(res); i += 2 {
-		name, v := res[i], res[i+1]
+// ParseState returns the pauses in the fields of a queue's pause hash
+// (stream.KeysFor(stream).Paused, read with HGETALL) at time now of the
+// Redis clock; fields that Pause did not write are ignored. [State] reads
+// and parses; ParseState is for a reader that pipelines the HGETALL with
+// other reads.
+func ParseState(now time.Time, all map[string]string) Paused {
+	p := Paused{Now: now}
+	nowMs := now.UnixMilli()
+	for name, v := range all {
 		ms, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || ms < 0 {
 			continue // not written by Pause: ignored
@@ -248,7 +248,7 @@ func parseState(res []string) (Paused, error) {
 			p.Types[strings.TrimPrefix(name, typePrefix)] = until
 		}
 	}
-	return p, nil
+	return p
 }
 
 func msTime(s string) time.Time {

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -224,25 +223,4 @@ func TestControl_pauseType(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkDoneOnce(t, s, append(slow, fast...))
-}
-
-// Bad options are errors naming the field, before Redis is touched.
-func TestControl_pauseInvalid(t *testing.T) {
-	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // nothing listens: Redis must not be asked
-	defer rdb.Close()
-	ctx := t.Context()
-	for name, err := range map[string]error{
-		"empty stream":      control.Pause(ctx, rdb, "", control.PauseOptions{}),
-		"Until in the past": control.Pause(ctx, rdb, "q", control.PauseOptions{Until: time.Now().Add(-time.Second)}),
-		"control type":      control.Pause(ctx, rdb, "q", control.PauseOptions{Type: "a\nb"}),
-		"resume both":       control.Resume(ctx, rdb, "q", control.ResumeOptions{All: true, Type: "x"}),
-	} {
-		if err == nil {
-			t.Errorf("%s: no error", name)
-		} else if want := map[string]string{"empty stream": "stream", "Until in the past": "PauseOptions.Until",
-			"control type": "PauseOptions.Type", "resume both": "ResumeOptions.Type"}[name]; !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: %v, want it to name %s", name, err, want)
-		}
-	}
 }
