@@ -250,10 +250,23 @@ func (c *Consumer) waitQueuePaused(ctx context.Context, until time.Time) bool {
 	if paused, _, _ := c.pause.state("", true); !paused {
 		return false
 	}
+	c.health.readingPaused()
 	done, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
 	c.pause.wait("", true, done.Done())
 	return true
+}
+
+// readingPaused closes Reading when the consumer would read its first new
+// entries but its queue is paused: it is up, held by the pause. Called by
+// the read loop only, as readDone is.
+func (h *healthState) readingPaused() {
+	h.init()
+	select {
+	case <-h.reading:
+	default:
+		close(h.reading)
+	}
 }
 
 // readPauses re-reads the queue's pauses. A failure keeps the last state.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/control"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -223,4 +224,151 @@ func TestControl_pauseType(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkDoneOnce(t, s, append(slow, fast...))
+}
+
+// Held jobs survive their consumers: while the queue is paused, worker a
+// shuts down (its parked jobs are given back at once, within its drain
+// bound), worker b takes them over by its sweep and holds them, is
+// SIGKILLed, and a worker restarted under b's name re-reads them and holds
+// them too. Nothing starts while paused; after Resume every job runs once,
+// and nothing is lost or dead-lettered.
+func TestControl_pauseShutdownAndCrash(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t, nil, "")
+	ids := s.enqueue(30, behaviour{SleepMS: 300})
+	o := pauseWorkers
+	o.Concurrency = 2
+	a := s.worker("a", o)
+	b := s.worker("b", o)
+	eventually(t, time.Minute, func() (bool, string) {
+		n := len(countEvents(readLedger(t, s.ledger), "start"))
+		return n >= 4, fmt.Sprintf("%d jobs started, want 4", n)
+	})
+	if err := control.Pause(t.Context(), s.rdb, s.stream, control.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pausedAt := time.Now()
+	started := countEvents(readLedger(t, s.ledger), "start")
+	// The jobs running at the pause finish.
+	eventually(t, time.Minute, func() (bool, string) {
+		effects := countEvents(readLedger(t, s.ledger), "effect")
+		for id := range started {
+			if effects[id] == 0 {
+				return false, fmt.Sprintf("job %s started before the pause never finished", id)
+			}
+		}
+		return true, ""
+	})
+	var aHeld int
+	for _, e := range s.pendingEntries("g") {
+		if e.Consumer == "a" {
+			aHeld++
+		}
+	}
+	a.term()
+	if err := a.wait(time.Minute); err != nil {
+		t.Fatalf("worker a exit: %v", err)
+	}
+	if term, ended, stalled, ok := a.shutdown(); !ok || ended.Sub(term) > time.Second+stalled {
+		t.Errorf("worker a took %v to shut down holding %d paused jobs (stalled %v), want within about 1 s: they are given back, not drained",
+			ended.Sub(term), aHeld, stalled)
+	}
+	// b's sweep takes a's given-back jobs and holds them.
+	eventually(t, time.Minute, func() (bool, string) {
+		for _, e := range s.pendingEntries("g") {
+			if e.Consumer == "a" {
+				return false, fmt.Sprintf("entry %s still pending for a", e.ID)
+			}
+		}
+		return true, ""
+	})
+	var bHeld int
+	for _, e := range s.pendingEntries("g") {
+		if e.Consumer == "b" {
+			bHeld++
+		}
+	}
+	if aHeld == 0 || bHeld == 0 {
+		t.Fatalf("a held %d jobs at its shutdown, b %d at its kill: the scenario needs both to hold some", aHeld, bHeld)
+	}
+	b.kill()
+	s.worker("b", o) // re-reads b's pending entries: held
+	for deadline := time.Now().Add(quietWindow); time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, e := range readLedger(t, s.ledger) {
+		if e.Event == "start" && e.At.After(pausedAt.Add(2*time.Second)) {
+			t.Errorf("job %s started on %s at %s while the queue was paused", e.JobID, e.Consumer, e.At.Format(time.StampMilli))
+		}
+	}
+	if err := control.Resume(t.Context(), s.rdb, s.stream, control.ResumeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, func() (bool, string) {
+		effects := countEvents(readLedger(t, s.ledger), "effect")
+		for _, id := range ids {
+			if effects[id] == 0 {
+				return false, fmt.Sprintf("job %s never ran", id)
+			}
+		}
+		return s.pending("g") == 0, fmt.Sprintf("pending = %d", s.pending("g"))
+	})
+	effects := countEvents(readLedger(t, s.ledger), "effect")
+	for _, id := range ids {
+		if effects[id] != 1 {
+			t.Errorf("job %s ran %d times, want 1 (none was running when b was killed)", id, effects[id])
+		}
+	}
+	if d := s.dead(); len(d) > 0 {
+		t.Errorf("%d dead letters, want none", len(d))
+	}
+}
+
+// clusterControl runs package control's scripts on name's master, and a
+// consumer on the cluster client that a pause holds and a resume (a
+// PUBLISH from a script, heard over the consumer's one subscription)
+// releases. Called by TestCluster for each of its queues.
+func clusterControl(t *testing.T, cc *redis.ClusterClient, name string) {
+	t.Helper()
+	ctx := t.Context()
+	clusterMust(t, "Pause", control.Pause(ctx, cc, name, control.PauseOptions{}))
+	clusterMust(t, "Pause type", control.Pause(ctx, cc, name, control.PauseOptions{Type: "x", Until: time.Now().Add(time.Hour)}))
+	st, err := control.State(ctx, cc, name)
+	clusterMust(t, "State", err)
+	if !st.Queue || len(st.Types) != 1 {
+		t.Fatalf("State = %+v, want the queue and type x paused", st)
+	}
+	ran := make(chan string, 10)
+	c := consumer.New(cc, consumer.Config{Stream: name, Group: "control", Consumer: "c", Block: 200 * time.Millisecond, StartID: "$"}).
+		Handle(consumer.HandlerFunc(func(_ context.Context, j *stream.Job) error {
+			ran <- j.ID
+			return nil
+		}))
+	rctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- c.Run(rctx) }()
+	<-c.Reading()
+	p := stream.NewProducer(cc, stream.ProducerConfig{Stream: name})
+	j, _ := stream.NewJSONJob("t", 1)
+	_, err = p.Enqueue(ctx, j)
+	clusterMust(t, "Enqueue", err)
+	select {
+	case id := <-ran:
+		t.Fatalf("job %s ran while the queue was paused", id)
+	case <-time.After(time.Second):
+	}
+	clusterMust(t, "Resume", control.Resume(ctx, cc, name, control.ResumeOptions{All: true}))
+	select {
+	case id := <-ran:
+		if id != j.ID {
+			t.Errorf("ran job %s, want %s", id, j.ID)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not run within 30 s of Resume")
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Errorf("Run: %v", err)
+	}
 }
