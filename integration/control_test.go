@@ -235,6 +235,8 @@ func TestControl_pauseType(t *testing.T) {
 func TestControl_pauseShutdownAndCrash(t *testing.T) {
 	t.Parallel()
 	s := newScenario(t, nil, "")
+	watch, report := watchStalls(s.rdb)
+	defer report()
 	ids := s.enqueue(30, behaviour{SleepMS: 300})
 	o := pauseWorkers
 	o.Concurrency = 2
@@ -259,6 +261,13 @@ func TestControl_pauseShutdownAndCrash(t *testing.T) {
 		}
 		return true, ""
 	})
+	// From here on nothing may start: every consumer has seen the pause
+	// (a window for it to reach them), and what follows (a's give-back,
+	// b's sweep, b's restart) happens after.
+	for time.Now().Before(pausedAt.Add(1500 * time.Millisecond)) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	quietFrom := time.Now()
 	var aHeld int
 	for _, e := range s.pendingEntries("g") {
 		if e.Consumer == "a" {
@@ -297,7 +306,7 @@ func TestControl_pauseShutdownAndCrash(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	for _, e := range readLedger(t, s.ledger) {
-		if e.Event == "start" && e.At.After(pausedAt.Add(2*time.Second)) {
+		if e.Event == "start" && e.At.After(quietFrom.Add(watch.Longest())) {
 			t.Errorf("job %s started on %s at %s while the queue was paused", e.JobID, e.Consumer, e.At.Format(time.StampMilli))
 		}
 	}
