@@ -157,10 +157,14 @@ func TestControl_pauseResume(t *testing.T) {
 }
 
 // A timed pause ends by itself, by the Redis clock, with no message: jobs
-// enqueued during it start only after its end, then all run once.
+// enqueued during it (after a window for the pause to reach the consumers,
+// which takes "about a second" at most) start only after its end, then all
+// run once.
 func TestControl_timedPause(t *testing.T) {
 	t.Parallel()
 	s := newScenario(t, nil, "")
+	watch, report := watchStalls(s.rdb)
+	defer report()
 	s.worker("a", pauseWorkers)
 	s.worker("b", pauseWorkers)
 	probe := s.enqueue(1, behaviour{})
@@ -169,9 +173,16 @@ func TestControl_timedPause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	until := now.Add(quietWindow)
+	const reach = 1500 * time.Millisecond
+	until := now.Add(reach + quietWindow)
 	if err := control.Pause(t.Context(), s.rdb, s.stream, control.PauseOptions{Until: until}); err != nil {
 		t.Fatal(err)
+	}
+	for end := time.Now().Add(reach); time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if stalled := watch.Longest(); stalled > reach/2 {
+		t.Skipf("the machine stalled %v during the pause's %v to reach the consumers: the scenario's precondition broke", stalled, reach)
 	}
 	ids := append(probe, s.enqueue(100, behaviour{SleepMS: 10})...)
 	checkDoneOnce(t, s, ids)
