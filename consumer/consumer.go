@@ -49,6 +49,7 @@ type Consumer struct {
 	leases    leases
 	stats     counters
 	health    healthState // see health.go
+	pause     pauses      // see pause.go
 
 	mu       sync.Mutex
 	inflight map[string]*task
@@ -152,14 +153,17 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.inflight = make(map[string]*task)
 	c.errLog = rateLog{log: r.Logger, every: 10 * time.Second}
 	c.leases = newLeases(r.Logger)
+	c.pause.init(r.Logger)
 
 	if stopped, err := c.startup(ctx); stopped || err != nil {
 		return err
 	}
 
+	c.readPauses(ctx) // before the first job starts
 	work, stopWork := context.WithCancel(c.base)
 	defer stopWork()
 	var loops, side sync.WaitGroup
+	loops.Go(func() { c.watchPauses(work) })
 	reader := newBlockingReader(c.rdb)
 	loops.Go(func() {
 		defer reader.close()

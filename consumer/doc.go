@@ -51,6 +51,15 @@
 // its Min and Max: each queue is a Consumer, and the pool decides which
 // queue's job starts when a slot frees (see budget.go and docs/pool.md).
 //
-// The package imports stream and claim, never middleware, and no
-// observability library.
+// Pauses: an operator pauses the queue, or one job type of it, with package
+// control. Every consumer subscribes to the queue's control channel once and
+// holds what is paused without starting it and without counting an attempt
+// or a delivery: no read while the whole queue is paused, read jobs parked
+// with their leases extended by the heartbeat, reclaimed jobs held with their
+// worker slot, suspects before their run is counted. Held jobs start at once
+// on resume and are given back at shutdown. While the queue is paused,
+// [Consumer.WaitIdle] does not return (no read finds the stream empty).
+//
+// The package imports stream, claim and control (a leaf: stream and go-redis
+// only), never middleware, and no observability library.
 package consumer

@@ -154,6 +154,9 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 		*nextSweep = time.Now().Add(c.r.SweepInterval)
 		return true
 	}
+	if c.waitQueuePaused(ctx, *nextSweep) {
+		return true // paused: no read (see pause.go)
+	}
 	// The room is taken before the gate: a suspect waiting to run alone
 	// holds the gate until the fresh jobs running free their slots, and
 	// those jobs free room too.

@@ -105,6 +105,8 @@ func (c *Consumer) runSuspects(ctx context.Context, intakeDone <-chan struct{}) 
 			switch {
 			case ctx.Err() != nil:
 				c.abandonSuspect(r)
+			case c.pause.holds(r.d.fields):
+				c.parkSuspect(r) // before its run is counted (see pause.go)
 			case r.alone:
 				c.runAlone(ctx, r)
 			default:

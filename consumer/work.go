@@ -98,7 +98,9 @@ func (c *Consumer) dispatch(d delivery, fresh bool) {
 	default:
 		go func() {
 			defer c.release(1)
-			c.work(ctx, t, d, "")
+			if c.holdWhilePaused(t) {
+				c.work(ctx, t, d, "")
+			}
 		}()
 	}
 }
@@ -141,6 +143,13 @@ func (c *Consumer) runWorker(ctx context.Context) {
 // budget (budget.go), or keeps the one its worker held (held), and returns
 // whether it holds one still.
 func (c *Consumer) runQueued(ctx context.Context, t *task, held bool) bool {
+	if c.pause.holds(t.d.fields) {
+		if held {
+			c.share.release(1)
+		}
+		c.parkQueued(ctx, t) // keeps its place (see pause.go)
+		return false
+	}
 	defer c.freeRoom(1)
 	slot := false
 	if held && c.gate.TryRLock() {

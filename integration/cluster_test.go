@@ -81,7 +81,7 @@ func TestCluster(t *testing.T) {
 		}
 		slot := keyslot.Of(name)
 		for _, k := range []string{keys.Stream, keys.Dead, keys.Delayed, keys.Crashes + "1-0",
-			keys.Idem + "k", keys.Lock + "{k}", keys.Rate + "k", keys.Limit + "k"} {
+			keys.Idem + "k", keys.Lock + "{k}", keys.Rate + "k", keys.Limit + "k", keys.Paused, keys.Control} {
 			if got := keyslot.Of(k); got != slot {
 				t.Errorf("keyslot.Of(%q) = %d, want the stream's slot %d", k, got, slot)
 			}
@@ -115,6 +115,7 @@ func TestCluster(t *testing.T) {
 				clusterDLQ(t, cc, name)
 				clusterDashboard(t, cc, name)
 				clusterMiddleware(t, cc, name)
+				clusterControl(t, cc, name)
 			})
 		}
 		t.Run("shutdown", func(t *testing.T) {

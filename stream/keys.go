@@ -46,6 +46,15 @@ type Keys struct {
 	// and Periodic + "tick:" + name + ":" + tick ms is the marker of one
 	// tick, a string holding the tick's entry ID with a time to live.
 	Periodic string
+	// Paused is the hash of the queue's pauses (see package control): field
+	// "queue" pauses the whole queue, "type:" + t the jobs of type t; each
+	// value is the pause's end in Unix milliseconds of the Redis clock, "0"
+	// for none.
+	Paused string
+	// Control is the Pub/Sub channel on which package control tells the
+	// queue's consumers that its pauses changed. A channel, not a key: a
+	// Redis ACL covers it with "&{orders}:*".
+	Control string
 }
 
 // KeysFor returns the keys of the queue whose stream is named stream.
@@ -69,6 +78,8 @@ type Keys struct {
 //	{orders}:limit:<key>    distributed concurrency limits
 //	{orders}:periodic:last  the last enqueued tick of each periodic schedule
 //	{orders}:periodic:tick:<name>:<tick ms>   per-tick markers of periodic schedules
+//	{orders}:paused         pauses (package control)
+//	{orders}:control        the Pub/Sub channel of pause changes
 //
 // Dead-letter replays add {orders}:dlq:replay and {orders}:dlq:replay:cursor
 // (the dead-letter stream's derived keys). Locks, idempotency records and
@@ -91,6 +102,8 @@ func KeysFor(stream string) (Keys, error) {
 		Rate:     prefix + ":rate:",
 		Limit:    prefix + ":limit:",
 		Periodic: prefix + ":periodic:",
+		Paused:   prefix + ":paused",
+		Control:  prefix + ":control",
 	}, nil
 }
 

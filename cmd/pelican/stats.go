@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/pelicanqueue/pelican/control"
 	"github.com/pelicanqueue/pelican/internal/queuestats"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -40,6 +41,9 @@ type streamStats struct {
 	// the partitions' own stats (those found, when SCAN found them).
 	PartitionCount int           `json:"partition_count,omitempty"`
 	Partitions     []streamStats `json:"partitions,omitempty"`
+	// Paused lists the queue's pauses (package control); null when the
+	// Redis user may not read them.
+	Paused []pauseView `json:"paused"`
 }
 
 // groupStats is one consumer group of a stream.
@@ -306,6 +310,14 @@ func collectStats(ctx context.Context, rdb redis.UniversalClient, names []string
 			}
 			st.Groups = append(st.Groups, gst)
 		}
+		// A user that may not read the pauses (an ACL from before them)
+		// gets the rest: Paused stays null, unknown.
+		switch ps, err := control.State(ctx, rdb, q.Stream); {
+		case err == nil:
+			st.Paused = pauseList(ps)
+		case !strings.Contains(err.Error(), ": NOPERM"):
+			return nil, now, fail(exitError, "%w", err)
+		}
 		if st.DeadLetters > 0 {
 			keys, _ := stream.KeysFor(q.Stream)
 			if err := countDeadReasons(ctx, rdb, keys.Dead, &st); err != nil {
@@ -358,6 +370,23 @@ func printStats(a *app, st streamStats) error {
 	t.Row(name, st.Length, st.Delayed, st.DeadLetters)
 	if err := t.Flush(); err != nil {
 		return err
+	}
+	if len(st.Paused) > 0 {
+		fmt.Fprintln(a.out)
+		t = newTable(a, "PAUSED", "UNTIL")
+		for _, p := range st.Paused {
+			what, until := "the queue", "resumed"
+			if p.Type != "" {
+				what = "type " + p.Type
+			}
+			if p.Until != nil {
+				until = p.Until.Format(time.RFC3339)
+			}
+			t.Row(what, until)
+		}
+		if err := t.Flush(); err != nil {
+			return err
+		}
 	}
 	if len(st.Groups) == 0 {
 		fmt.Fprintln(a.out, "\nno consumer groups")

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/control"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -89,6 +90,7 @@ type Collector struct {
 	now    func() time.Time
 
 	streamLen, pending, lag, oldestAge, oldestIdle, delayed, deadLen *prometheus.Desc
+	paused                                                           *prometheus.Desc
 	up, errorsTotal, partitionInfo                                   *prometheus.Desc
 	settled, reclaimed, lost, stale, leaseLost, readErrors, trimmed  *prometheus.Desc
 
@@ -106,6 +108,9 @@ type queueState struct {
 	length        int64
 	delayed, dead int64
 	groups        []groupState
+	// pauses is what is paused (package control); nil when the Redis user
+	// may not read it.
+	pauses *control.Paused
 }
 
 type groupState struct {
@@ -125,8 +130,9 @@ type groupState struct {
 // On a scrape older than cfg.CacheFor since the last refresh it reads, in
 // one pipelined round trip: XLEN of each stream and dead-letter stream,
 // XINFO GROUPS (pending count and lag), ZCARD of the delayed set, the
-// lowest pending entry of each group (XPENDING … - + 1) and the server's
-// TIME. It exports:
+// lowest pending entry of each group (XPENDING … - + 1), the queue's pauses
+// (HGETALL; left out for a Redis user that may not read them) and the
+// server's TIME. It exports:
 //
 //	pelican_stream_length{stream}                       gauge: entries in the stream (XLEN)
 //	pelican_pending_jobs{stream,group}                  gauge: entries delivered and not acknowledged (the PEL)
@@ -136,6 +142,8 @@ type groupState struct {
 //	pelican_delayed_jobs{stream}                        gauge: jobs waiting in the delayed set
 //	pelican_dead_letter_stream_length{stream}           gauge: entries in the dead-letter stream
 //	pelican_stream_partition_info{stream,queue,partition,partitions}  gauge: 1 for a stream that is a partition (stream.Partitions)
+//	pelican_paused{stream,type}                         gauge: 1 while paused (package control); type "" is the whole
+//	                                                    queue (always exported, 0 when running), a type's series only while paused
 //	pelican_collector_up                                gauge: 1 if the last refresh succeeded
 //	pelican_collector_errors_total                      counter: failed refreshes
 //
@@ -196,6 +204,7 @@ func NewCollector(rdb redis.UniversalClient, cfg CollectorConfig) *Collector {
 		oldestIdle: d("oldest_pending_idle_seconds", "Time since the group's lowest pending entry was last delivered or extended.", sg...),
 		delayed:    d("delayed_jobs", "Jobs waiting in the delayed set for a later attempt.", "stream"),
 		deadLen:    d("dead_letter_stream_length", "Entries in the dead-letter stream (XLEN).", "stream"),
+		paused:     d("paused", "1 while the queue (type \"\") or one of its job types is paused (package control).", "stream", "type"),
 		up:         d("collector_up", "1 if the collector's last read of the queue state from Redis succeeded, else 0."),
 		partitionInfo: d("stream_partition_info", "1 for each stream that is a partition of a partitioned queue (stream.Partitions): its queue and partition index.",
 			"stream", "queue", "partition", "partitions"),
@@ -213,7 +222,7 @@ func NewCollector(rdb redis.UniversalClient, cfg CollectorConfig) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.streamLen, c.pending, c.lag, c.oldestAge, c.oldestIdle, c.delayed,
-		c.deadLen, c.up, c.errorsTotal, c.partitionInfo, c.settled, c.reclaimed, c.lost, c.stale, c.leaseLost, c.readErrors, c.trimmed} {
+		c.deadLen, c.paused, c.up, c.errorsTotal, c.partitionInfo, c.settled, c.reclaimed, c.lost, c.stale, c.leaseLost, c.readErrors, c.trimmed} {
 		ch <- d
 	}
 }
@@ -236,6 +245,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.streamLen, float64(q.length), q.stream)
 			gauge(c.delayed, float64(q.delayed), q.stream)
 			gauge(c.deadLen, float64(q.dead), q.stream)
+			if q.pauses != nil {
+				v := 0.0
+				if q.pauses.Queue {
+					v = 1
+				}
+				gauge(c.paused, v, q.stream, "")
+				for _, t := range q.pauses.TypeNames() {
+					gauge(c.paused, 1, q.stream, t)
+				}
+			}
 			for _, g := range q.groups {
 				gauge(c.pending, float64(g.pending), q.stream, g.name)
 				if g.lag >= 0 {
@@ -334,6 +353,7 @@ func (c *Collector) read() ([]queueState, error) {
 		length, delayed, dead *redis.IntCmd
 		groups                *redis.XInfoGroupsCmd
 		oldest                []*redis.XPendingExtCmd
+		paused                *redis.MapStringStringCmd
 	}
 	all := make([]cmds, len(c.queues))
 	var timeCmd *redis.TimeCmd
@@ -345,6 +365,7 @@ func (c *Collector) read() ([]queueState, error) {
 			all[i].delayed = p.ZCard(ctx, keys.Delayed)
 			all[i].dead = p.XLen(ctx, q.DeadLetterStream)
 			all[i].groups = p.XInfoGroups(ctx, q.Stream)
+			all[i].paused = p.HGetAll(ctx, keys.Paused)
 			for _, g := range q.Groups {
 				all[i].oldest = append(all[i].oldest, p.XPendingExt(ctx, &redis.XPendingExtArgs{
 					Stream: q.Stream, Group: g, Start: "-", End: "+", Count: 1}))
@@ -352,7 +373,7 @@ func (c *Collector) read() ([]queueState, error) {
 		}
 		return nil
 	})
-	if err != nil && !absent(err) {
+	if err != nil && !absent(err) && !strings.HasPrefix(err.Error(), "NOPERM") {
 		return nil, err
 	}
 	now, err := timeCmd.Result()
@@ -374,6 +395,13 @@ func (c *Collector) read() ([]queueState, error) {
 			gerr = nil // no stream yet: no group
 		}
 		errs = append(errs, gerr)
+		switch fields, perr := all[i].paused.Result(); {
+		case perr == nil:
+			ps := control.ParseState(now, fields)
+			s.pauses = &ps
+		case !strings.HasPrefix(perr.Error(), "NOPERM"):
+			errs = append(errs, perr)
+		}
 		for _, e := range errs {
 			if e != nil {
 				return nil, fmt.Errorf("metrics: reading queue %q: %w", q.Stream, e)
