@@ -1,0 +1,416 @@
+package consumer_test
+
+// Outside tests of consumer.Pool (attack16): written from README "Many queues
+// in one pool", docs/pool.md and the package's godoc only.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// a16Meter counts handlers running at once, in all and per queue.
+type a16Meter struct {
+	mu       sync.Mutex
+	cur      map[string]int
+	max      map[string]int
+	all      int
+	allMax   int
+	done     map[string]int // payload -> completed runs
+	seq      []string       // queue per start
+	startsAt []time.Time
+}
+
+func newA16Meter() *a16Meter {
+	return &a16Meter{cur: map[string]int{}, max: map[string]int{}, done: map[string]int{}}
+}
+
+func (m *a16Meter) enter(q string) {
+	m.mu.Lock()
+	m.cur[q]++
+	m.max[q] = max(m.max[q], m.cur[q])
+	m.all++
+	m.allMax = max(m.allMax, m.all)
+	m.seq = append(m.seq, q)
+	m.startsAt = append(m.startsAt, time.Now())
+	m.mu.Unlock()
+}
+
+func (m *a16Meter) leave(q, payload string) {
+	m.mu.Lock()
+	m.cur[q]--
+	m.all--
+	if payload != "" {
+		m.done[payload]++
+	}
+	m.mu.Unlock()
+}
+
+func (m *a16Meter) snapshot() (all, allMax int, cur, mx map[string]int, done int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur, mx = map[string]int{}, map[string]int{}
+	for k, v := range m.cur {
+		cur[k] = v
+	}
+	for k, v := range m.max {
+		mx[k] = v
+	}
+	return m.all, m.allMax, cur, mx, len(m.done)
+}
+
+func (m *a16Meter) starts() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.seq...)
+}
+
+// handler returns a handler for queue q that sleeps d() (ignoring nothing)
+// and records the run.
+func (m *a16Meter) handler(q string, d func() time.Duration) consumer.Handler {
+	return consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		m.enter(q)
+		defer m.leave(q, string(job.Payload))
+		if dd := d(); dd > 0 {
+			select {
+			case <-time.After(dd):
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+		return nil
+	})
+}
+
+func a16Prefix(t *testing.T, rdb redis.UniversalClient) string {
+	return "{" + redistest.Prefix(t, rdb) + "}"
+}
+
+// TestAttack16Pool_validateEdges: inputs the documented ranges exclude are
+// refused by Validate and Run, naming the field and the queue, before any
+// Redis command; boundary values are accepted.
+func TestAttack16Pool_validateEdges(t *testing.T) {
+	t.Parallel()
+	h := consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil })
+	q := func(s string) consumer.Config { return consumer.Config{Stream: s, Group: "g", StartTimeout: -1} }
+	for _, tc := range []struct {
+		name string
+		cfg  consumer.PoolConfig
+		add  func(p *consumer.Pool)
+		want []string // substrings of the error; nil: accepted by Validate
+	}{
+		{"negative max", consumer.PoolConfig{Concurrency: 4}, func(p *consumer.Pool) { p.Add(q("a"), consumer.QueueOptions{Max: -1}).Handle(h) }, []string{`stream "a"`, "QueueOptions.Max"}},
+		{"negative min", consumer.PoolConfig{Concurrency: 4}, func(p *consumer.Pool) { p.Add(q("a"), consumer.QueueOptions{Min: -1}).Handle(h) }, []string{`stream "a"`, "QueueOptions.Min"}},
+		{"min over default max", consumer.PoolConfig{Concurrency: 4}, func(p *consumer.Pool) { p.Add(q("a"), consumer.QueueOptions{Min: 5}).Handle(h) }, []string{`stream "a"`, "QueueOptions.Min"}},
+		{"min over default concurrency", consumer.PoolConfig{}, func(p *consumer.Pool) {
+			p.Add(q("a"), consumer.QueueOptions{Min: consumer.DefaultConcurrency + 1}).Handle(h)
+		}, []string{`stream "a"`, "QueueOptions.Min"}},
+		{"weight just over", consumer.PoolConfig{}, func(p *consumer.Pool) { p.Add(q("a"), consumer.QueueOptions{Weight: 1_000_001}).Handle(h) }, []string{`stream "a"`, "QueueOptions.Weight"}},
+		{"weight min int", consumer.PoolConfig{}, func(p *consumer.Pool) { p.Add(q("a"), consumer.QueueOptions{Weight: -1 << 62}).Handle(h) }, []string{`stream "a"`, "QueueOptions.Weight"}},
+		{"weight max int", consumer.PoolConfig{}, func(p *consumer.Pool) { p.Add(q("a"), consumer.QueueOptions{Weight: 1<<63 - 1}).Handle(h) }, []string{`stream "a"`, "QueueOptions.Weight"}},
+		{"second queue named", consumer.PoolConfig{Concurrency: 4}, func(p *consumer.Pool) {
+			p.Add(q("a"), consumer.QueueOptions{}).Handle(h)
+			p.Add(q("b"), consumer.QueueOptions{Max: 9}).Handle(h)
+		}, []string{`queue 2`, `stream "b"`, "QueueOptions.Max"}},
+		{"duplicate, other consumer name", consumer.PoolConfig{}, func(p *consumer.Pool) {
+			c1, c2 := q("a"), q("a")
+			c1.Consumer, c2.Consumer = "x", "y"
+			p.Add(c1, consumer.QueueOptions{}).Handle(h)
+			p.Add(c2, consumer.QueueOptions{}).Handle(h)
+		}, []string{`queue 2`, `stream "a"`, "already"}},
+		{"nil handler", consumer.PoolConfig{}, func(p *consumer.Pool) { p.Add(q("a"), consumer.QueueOptions{}).Handle(nil) }, []string{`stream "a"`, "handler"}},
+		{"negative queue concurrency", consumer.PoolConfig{}, func(p *consumer.Pool) {
+			c := q("a")
+			c.Concurrency = -1
+			p.Add(c, consumer.QueueOptions{}).Handle(h)
+		}, []string{`stream "a"`, "Config.Concurrency"}},
+		{"empty stream", consumer.PoolConfig{}, func(p *consumer.Pool) { p.Add(q(""), consumer.QueueOptions{}).Handle(h) }, []string{"queue 1", "Config.Stream"}},
+		{"bad queue backoff", consumer.PoolConfig{}, func(p *consumer.Pool) {
+			c := q("a")
+			c.Backoff.Base = -time.Second
+			p.Add(c, consumer.QueueOptions{}).Handle(h)
+		}, []string{`stream "a"`, "Backoff"}},
+		// Accepted boundaries.
+		{"weight max", consumer.PoolConfig{}, func(p *consumer.Pool) { p.Add(q("a"), consumer.QueueOptions{Weight: 1_000_000}).Handle(h) }, nil},
+		{"mins equal concurrency", consumer.PoolConfig{Concurrency: 3}, func(p *consumer.Pool) {
+			p.Add(q("a"), consumer.QueueOptions{Min: 2}).Handle(h)
+			p.Add(q("b"), consumer.QueueOptions{Min: 1, Max: 1}).Handle(h)
+		}, nil},
+		{"same stream other group", consumer.PoolConfig{}, func(p *consumer.Pool) {
+			c := q("a")
+			c.Group = "g2"
+			p.Add(q("a"), consumer.QueueOptions{}).Handle(h)
+			p.Add(c, consumer.QueueOptions{}).Handle(h)
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls atomic.Int32
+			rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", PoolSize: 50})
+			defer rdb.Close()
+			rdb.AddHook(countHook{&calls})
+			p := consumer.NewPool(rdb, tc.cfg)
+			tc.add(p)
+			verr := p.Validate()
+			if tc.want == nil {
+				if verr != nil {
+					t.Fatalf("Validate: %v, want nil", verr)
+				}
+				return
+			}
+			if verr == nil {
+				t.Fatalf("Validate accepted it, want an error containing %q", tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(verr.Error(), w) {
+					t.Errorf("Validate: %v, want it to contain %q", verr, w)
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- p.Run(context.Background()) }()
+			select {
+			case err := <-done:
+				if err == nil || err.Error() != verr.Error() {
+					t.Errorf("Run: %v, want Validate's error %v", err, verr)
+				}
+			case <-time.After(10 * time.Second):
+				_ = p.Shutdown(context.Background())
+				t.Fatalf("Run did not return on an invalid configuration")
+			}
+			if n := calls.Load(); n != 0 {
+				t.Errorf("%d Redis commands sent", n)
+			}
+		})
+	}
+	t.Run("pool size boundary", func(t *testing.T) {
+		for _, size := range []int{5, 6} {
+			rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", PoolSize: size})
+			p := consumer.NewPool(rdb, consumer.PoolConfig{})
+			for _, s := range []string{"a", "b", "c"} {
+				p.Add(q(s), consumer.QueueOptions{}).Handle(h)
+			}
+			err := p.Validate()
+			rdb.Close()
+			if size == 5 && (err == nil || !strings.Contains(err.Error(), "PoolSize")) {
+				t.Errorf("PoolSize 5, 3 queues: Validate %v, want PoolSize named", err)
+			}
+			if size == 6 && err != nil {
+				t.Errorf("PoolSize 6, 3 queues: Validate %v, want nil", err)
+			}
+		}
+	})
+	t.Run("nil client", func(t *testing.T) {
+		p := consumer.NewPool(nil, consumer.PoolConfig{})
+		p.Add(q("a"), consumer.QueueOptions{}).Handle(h)
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("Validate/Run panicked with a nil client: %v", r)
+				}
+			}()
+			done := make(chan error, 1)
+			go func() {
+				defer func() {
+					if r := recover(); r != nil {
+						done <- fmt.Errorf("panic: %v", r)
+					}
+				}()
+				done <- p.Run(context.Background())
+			}()
+			select {
+			case err = <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("Run with a nil client did not return")
+			}
+		}()
+		if err == nil || strings.HasPrefix(err.Error(), "panic") {
+			t.Fatalf("Run with a nil client: %v, want an error", err)
+		}
+	})
+}
+
+// a16Seed makes the group of stream s and reads n of its entries as
+// consumer name, so that they are pending there (delivered once).
+func a16Seed(t *testing.T, rdb redis.UniversalClient, s, name string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	if err := rdb.XGroupCreateMkStream(ctx, s, "g", "0").Err(); err != nil {
+		t.Fatalf("XGROUP CREATE: %v", err)
+	}
+	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: name, Streams: []string{s, ">"}, Count: int64(n)}).Result()
+	if err != nil || len(res) != 1 || len(res[0].Messages) != n {
+		t.Fatalf("XREADGROUP as %s: %v %v", name, res, err)
+	}
+}
+
+// TestAttack16Pool_budgetAndMax: four queues with mixed Min, Max and
+// weights, random short jobs, plus jobs the queue's own consumer name held
+// before start (re-read at start) and jobs a dead consumer held (taken by the
+// sweep): never more handlers run at once than PoolConfig.Concurrency, never
+// more of one queue than its Max, and every job completes.
+func TestAttack16Pool_budgetAndMax(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	const conc, per = 5, 250
+	opts := []consumer.QueueOptions{
+		{Weight: 6, Min: 1, Max: 2},
+		{Weight: 3},
+		{Weight: 1, Min: 2, Max: 3},
+		{Weight: 1_000_000, Max: 1},
+	}
+	m := newA16Meter()
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: conc})
+	for i, o := range opts {
+		s := fmt.Sprintf("%s:q%d", pre, i)
+		poolFill(t, rdb, s, per)
+		switch i {
+		case 1:
+			a16Seed(t, rdb, s, "c1", 30) // our own pending: re-read at start
+		case 2:
+			a16Seed(t, rdb, s, "ghost", 30) // a dead consumer's: swept
+		}
+		cfg := poolConfig(s)
+		cfg.VisibilityTimeout = 1500 * time.Millisecond
+		cfg.SweepInterval = 100 * time.Millisecond
+		cfg.MaxCrashes = 10
+		q := fmt.Sprintf("q%d", i)
+		p.Add(cfg, o).Handle(m.handler(q, func() time.Duration { return time.Duration(rand.IntN(4000)) * time.Microsecond }))
+	}
+	stop := runPool(t, p)
+	waitFor(t, 18*time.Second, "every job done", func() bool {
+		_, _, _, _, done := m.snapshot()
+		return done == per*len(opts)
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	_, allMax, _, mx, _ := m.snapshot()
+	if allMax > conc {
+		t.Errorf("%d handlers ran at once, PoolConfig.Concurrency is %d", allMax, conc)
+	}
+	for i, o := range opts {
+		q := fmt.Sprintf("q%d", i)
+		limit := o.Max
+		if limit == 0 {
+			limit = conc
+		}
+		if mx[q] > limit {
+			t.Errorf("queue %s: %d ran at once, Max %d", q, mx[q], limit)
+		}
+	}
+	t.Logf("max at once: all %d, per queue %v", allMax, mx)
+}
+
+// TestAttack16Pool_maxDoesNotBlockOthers: a queue that goes first (strict:
+// higher Priority; weighted: a huge Weight) but is at its Max does not wait
+// for a budget slot, so it must not keep free slots from the other queue.
+func TestAttack16Pool_maxDoesNotBlockOthers(t *testing.T) {
+	t.Parallel()
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			t.Parallel()
+			rdb := redistest.Shared(t)
+			pre := a16Prefix(t, rdb)
+			m := newA16Meter()
+			p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 4, Strict: strict})
+			poolFill(t, rdb, pre+":hi", 40)
+			poolFill(t, rdb, pre+":lo", 40)
+			p.Add(poolConfig(pre+":hi"), consumer.QueueOptions{Priority: 10, Weight: 1_000_000, Max: 2}).
+				Handle(m.handler("hi", func() time.Duration { return 100 * time.Millisecond }))
+			p.Add(poolConfig(pre+":lo"), consumer.QueueOptions{Weight: 1}).
+				Handle(m.handler("lo", func() time.Duration { return 100 * time.Millisecond }))
+			runPool(t, p)
+			waitFor(t, 15*time.Second, "2 low-priority jobs at once beside 2 high ones", func() bool {
+				_, _, _, mx, _ := m.snapshot()
+				return mx["lo"] >= 2
+			})
+			_, allMax, _, mx, _ := m.snapshot()
+			if allMax > 4 || mx["hi"] > 2 {
+				t.Errorf("max at once: all %d, per queue %v", allMax, mx)
+			}
+		})
+	}
+}
+
+// TestAttack16Pool_minUnderStrictFlood: in strict mode too "a queue's Min
+// slots are its own": a low-priority queue with Min 1 starts its job while a
+// high-priority queue floods every other slot with long jobs, and the
+// high-priority queue never holds the reserved slot.
+func TestAttack16Pool_minUnderStrictFlood(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	m := newA16Meter()
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 3, Strict: true})
+	poolFill(t, rdb, pre+":hi", 200)
+	p.Add(poolConfig(pre+":hi"), consumer.QueueOptions{Priority: 5}).
+		Handle(m.handler("hi", func() time.Duration { return 2 * time.Second }))
+	lo := p.Add(poolConfig(pre+":lo"), consumer.QueueOptions{Priority: 0, Min: 1}).
+		Handle(m.handler("lo", func() time.Duration { return 0 }))
+	runPool(t, p)
+	waitFor(t, 10*time.Second, "the high queue running 2 jobs", func() bool {
+		_, _, cur, _, _ := m.snapshot()
+		return cur["hi"] >= 2
+	})
+	poolFill(t, rdb, pre+":lo", 5)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := lo.WaitIdle(ctx); err != nil {
+		t.Fatalf("low queue's jobs beside a strict flood: %v", err)
+	}
+	_, _, _, mx, _ := m.snapshot()
+	if mx["hi"] > 2 {
+		t.Errorf("the high queue ran %d at once: it took the low queue's reserved slot", mx["hi"])
+	}
+	if s := lo.Stats(); s.Acked < 5 {
+		t.Errorf("low queue acked %d of 5", s.Acked)
+	}
+}
+
+// TestAttack16Pool_invalidMiddlewareBeforeRedis: a queue's invalid
+// middleware (consumer.Invalid): Pool.Validate does not list middleware, but
+// Run must refuse it as Consumer.Run does ("returns err before it touches
+// Redis"), naming the queue, before any Redis command of any queue ("It
+// checks the whole configuration before it touches Redis").
+func TestAttack16Pool_invalidMiddlewareBeforeRedis(t *testing.T) {
+	t.Skip("FINDING: Pool.Run with one queue's middleware Invalid sends Redis commands for the other queues before refusing")
+	t.Parallel()
+	h := consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil })
+	q := func(s string) consumer.Config { return consumer.Config{Stream: s, Group: "g", StartTimeout: -1} }
+	var calls atomic.Int32
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", PoolSize: 50})
+	defer rdb.Close()
+	rdb.AddHook(countHook{&calls})
+	p := consumer.NewPool(rdb, consumer.PoolConfig{})
+	p.Add(q("a"), consumer.QueueOptions{}).Handle(h)
+	p.Add(q("b"), consumer.QueueOptions{}).Use(consumer.Invalid(errors.New("mw: Thing.Field is bad"))).Handle(h)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		_ = p.Shutdown(context.Background())
+		t.Fatalf("Run did not return on an invalid middleware")
+	}
+	if err == nil || !strings.Contains(err.Error(), "Thing.Field is bad") || !strings.Contains(err.Error(), `"b"`) {
+		t.Errorf("Run: %v, want the middleware's error naming stream \"b\"", err)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("%d Redis commands sent before refusing the configuration", n)
+	}
+
+}
