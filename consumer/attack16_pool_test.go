@@ -414,3 +414,423 @@ func TestAttack16Pool_invalidMiddlewareBeforeRedis(t *testing.T) {
 	}
 
 }
+
+// TestAttack16Pool_lifecycle: Shutdown before Run, Run twice (at once and
+// after), Add after Run.
+func TestAttack16Pool_lifecycle(t *testing.T) {
+	t.Parallel()
+	h := consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil })
+	t.Run("shutdown before run", func(t *testing.T) {
+		rdb := redistest.Shared(t)
+		pre := a16Prefix(t, rdb)
+		p := consumer.NewPool(rdb, consumer.PoolConfig{})
+		p.Add(poolConfig(pre+":a"), consumer.QueueOptions{}).Handle(h)
+		t0 := time.Now()
+		if err := p.Shutdown(context.Background()); err != nil {
+			t.Fatalf("Shutdown before Run: %v", err)
+		}
+		if d := time.Since(t0); d > 2*time.Second {
+			t.Errorf("Shutdown before Run took %v", d)
+		}
+		done := make(chan error, 1)
+		go func() { done <- p.Run(context.Background()) }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run after Shutdown: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run after an earlier Shutdown did not stop")
+		}
+	})
+	t.Run("run twice", func(t *testing.T) {
+		rdb := redistest.Shared(t)
+		pre := a16Prefix(t, rdb)
+		var n atomic.Int32
+		p := consumer.NewPool(rdb, consumer.PoolConfig{})
+		q := p.Add(poolConfig(pre+":a"), consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error {
+			n.Add(1)
+			return nil
+		}))
+		stop := runPool(t, p)
+		waitFor(t, 10*time.Second, "pool ready", func() bool { return p.Health().Ready })
+		second := make(chan error, 1)
+		go func() { second <- p.Run(context.Background()) }()
+		select {
+		case err := <-second:
+			if err == nil {
+				t.Error("a second Run while the first runs returned nil")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a second Run while the first runs did not return")
+		}
+		poolFill(t, rdb, pre+":a", 10)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := q.WaitIdle(ctx); err != nil {
+			t.Fatalf("first Run after a second one was refused: %v", err)
+		}
+		if n.Load() != 10 {
+			t.Errorf("%d runs of 10 jobs", n.Load())
+		}
+		if err := stop(); err != nil {
+			t.Fatalf("first Run: %v", err)
+		}
+		third := make(chan error, 1)
+		go func() { third <- p.Run(context.Background()) }()
+		select {
+		case err := <-third:
+			if err == nil {
+				t.Error("Run after Run returned: nil, want an error (a Pool runs once)")
+			}
+		case <-time.After(10 * time.Second):
+			_ = p.Shutdown(context.Background())
+			t.Fatal("Run after Run returned ran again")
+		}
+	})
+	t.Run("add after run", func(t *testing.T) {
+		rdb := redistest.Shared(t)
+		pre := a16Prefix(t, rdb)
+		p := consumer.NewPool(rdb, consumer.PoolConfig{})
+		p.Add(poolConfig(pre+":a"), consumer.QueueOptions{}).Handle(h)
+		runPool(t, p)
+		waitFor(t, 10*time.Second, "pool ready", func() bool { return p.Health().Ready })
+		var ran atomic.Int32
+		late := p.Add(poolConfig(pre+":late"), consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error {
+			ran.Add(1)
+			return nil
+		}))
+		poolFill(t, rdb, pre+":late", 3)
+		// It must never become ready, and its jobs never run.
+		deadline := time.Now().Add(1500 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			if hh := p.Health(); hh.Ready {
+				t.Fatalf("pool Ready with a queue added after Run: %+v", hh)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if ran.Load() != 0 {
+			t.Errorf("a queue added after Run ran %d jobs", ran.Load())
+		}
+		if hh := p.Health(); !strings.Contains(hh.Problem, late.Stream()) {
+			t.Errorf("Problem %q does not name the late queue %q", hh.Problem, late.Stream())
+		}
+	})
+}
+
+// TestAttack16Pool_idleNoCredit: with equal weights, a queue idle while the
+// other ran hundreds of jobs comes back without credit: it goes first at
+// once, then shares about half the starts, not all of them.
+func TestAttack16Pool_idleNoCredit(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	m := newA16Meter()
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 1})
+	cfgA, cfgB := poolConfig(pre+":a"), poolConfig(pre+":b")
+	cfgA.Prefetch, cfgB.Prefetch = 200, 200
+	poolFill(t, rdb, pre+":a", 2000)
+	job := func() time.Duration { return 3 * time.Millisecond }
+	p.Add(cfgA, consumer.QueueOptions{Weight: 1}).Handle(m.handler("a", job))
+	p.Add(cfgB, consumer.QueueOptions{Weight: 1}).Handle(m.handler("b", job))
+	runPool(t, p)
+	waitFor(t, 15*time.Second, "a's first 200 starts", func() bool { return len(m.starts()) >= 200 })
+	t0 := time.Now()
+	poolFill(t, rdb, pre+":b", 500)
+	waitFor(t, 10*time.Second, "b's first start", func() bool {
+		for _, q := range m.starts() {
+			if q == "b" {
+				return true
+			}
+		}
+		return false
+	})
+	first := time.Since(t0)
+	var at int
+	seq := m.starts()
+	for i, q := range seq {
+		if q == "b" {
+			at = i
+			break
+		}
+	}
+	waitFor(t, 15*time.Second, "100 starts after b's first", func() bool { return len(m.starts()) >= at+100 })
+	win := m.starts()[at : at+100]
+	nb := 0
+	for _, q := range win {
+		if q == "b" {
+			nb++
+		}
+	}
+	t.Logf("b first started %v after its enqueue; b had %d of the 100 starts from then", first, nb)
+	if nb > 70 || nb < 30 {
+		t.Errorf("equal weights: b had %d of 100 starts after coming back from idle (credit from its idle time?); starts: %s", nb, strings.Join(win, ""))
+	}
+}
+
+// TestAttack16Pool_ratioOneSlot: weights 3/1 with a single slot: every
+// start is a decision, and the ratio is within 10%.
+func TestAttack16Pool_ratioOneSlot(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	m := newA16Meter()
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 1})
+	cfgA, cfgB := poolConfig(pre+":a"), poolConfig(pre+":b")
+	cfgA.Prefetch, cfgB.Prefetch = 300, 300
+	poolFill(t, rdb, pre+":a", 1500)
+	poolFill(t, rdb, pre+":b", 1500)
+	job := func() time.Duration { return 2 * time.Millisecond }
+	p.Add(cfgA, consumer.QueueOptions{Weight: 3}).Handle(m.handler("a", job))
+	p.Add(cfgB, consumer.QueueOptions{Weight: 1}).Handle(m.handler("b", job))
+	runPool(t, p)
+	waitFor(t, 15*time.Second, "500 starts", func() bool { return len(m.starts()) >= 500 })
+	seq := m.starts()[100:500] // skip the start, while the reads fill up
+	na := 0
+	for _, q := range seq {
+		if q == "a" {
+			na++
+		}
+	}
+	t.Logf("a: %d of %d starts (want 300 within 10%%)", na, len(seq))
+	if na < 270 || na > 330 {
+		t.Errorf("weights 3/1, one slot: a had %d of 400 starts, want 270..330: %s", na, strings.Join(seq, ""))
+	}
+}
+
+// TestAttack16Pool_poisonNoSlotLeak: a queue whose every job panics, is
+// dead-lettered, returns a permanent error or outlives its MaxRuntime does
+// not hurt the other queue, and leaves no budget slot held: afterwards the
+// other queue still runs Concurrency jobs at once and no queue reports a
+// running slot.
+func TestAttack16Pool_poisonNoSlotLeak(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	m := newA16Meter()
+	const conc, nPoison = 3, 90
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: conc})
+	cfgP := poolConfig(pre + ":poison")
+	cfgP.MaxRuntime = 20 * time.Millisecond
+	cfgP.MaxAttempts = 1
+	var i atomic.Int32
+	poison := p.Add(cfgP, consumer.QueueOptions{Weight: 5}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		switch i.Add(1) % 4 {
+		case 0:
+			panic("poison " + string(job.Payload))
+		case 1:
+			return consumer.Dead("bad", errors.New("dead"))
+		case 2:
+			return consumer.Permanent(errors.New("perm"))
+		default:
+			<-ctx.Done() // MaxRuntime
+			return ctx.Err()
+		}
+	}))
+	good := p.Add(poolConfig(pre+":good"), consumer.QueueOptions{Weight: 1}).
+		Handle(m.handler("good", func() time.Duration { return 200 * time.Millisecond }))
+	poolFill(t, rdb, pre+":poison", nPoison)
+	poolFill(t, rdb, pre+":good", 5) // served beside the poison
+	runPool(t, p)
+	waitFor(t, 15*time.Second, "every poison job dead-lettered", func() bool { return poison.Stats().DeadLettered == nPoison })
+	waitFor(t, 15*time.Second, "the good queue's first jobs", func() bool { return good.Stats().Acked == 5 })
+	waitFor(t, 5*time.Second, "no slot held", func() bool {
+		h := p.Health()
+		return h.Queues[0].Running == 0 && h.Queues[1].Running == 0
+	})
+	poolFill(t, rdb, pre+":good", 3*conc)
+	waitFor(t, 15*time.Second, fmt.Sprintf("%d good jobs at once after the poison", conc), func() bool {
+		_, _, cur, _, _ := m.snapshot()
+		return cur["good"] == conc
+	})
+}
+
+// TestAttack16Pool_blockedForeverShutdown: a queue whose handler ignores
+// its context forever holds the only slot; another queue's jobs wait for
+// it. Shutdown returns within its deadline plus about a second, with an
+// error naming the stuck queue; the waiting jobs never start here, and are
+// given back (another pool runs them well before the visibility timeout).
+func TestAttack16Pool_blockedForeverShutdown(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	var stuckStarted atomic.Int32
+	var shutdownAt atomic.Int64
+	var waitersAfter atomic.Int32
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 1})
+	cfgS, cfgW := poolConfig(pre+":stuck"), poolConfig(pre+":waiting")
+	cfgS.VisibilityTimeout, cfgW.VisibilityTimeout = 20*time.Second, 20*time.Second
+	p.Add(cfgS, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		stuckStarted.Add(1)
+		<-release
+		return nil
+	}))
+	p.Add(cfgW, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		if at := shutdownAt.Load(); at != 0 {
+			waitersAfter.Add(1)
+		}
+		return nil
+	}))
+	poolFill(t, rdb, pre+":stuck", 1)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	waitFor(t, 10*time.Second, "the stuck job running", func() bool { return stuckStarted.Load() == 1 })
+	poolFill(t, rdb, pre+":waiting", 20)
+	waitFor(t, 10*time.Second, "the waiting queue's jobs read and waiting", func() bool { return p.Health().Queues[1].Waiting > 0 })
+	shutdownAt.Store(time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	err := p.Shutdown(ctx)
+	took := time.Since(t0)
+	if took > 3*time.Second {
+		t.Errorf("Shutdown with a 500ms deadline took %v", took)
+	}
+	var runErr error
+	select {
+	case runErr = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after Shutdown's deadline")
+	}
+	t.Logf("Shutdown: %v (after %v); Run: %v", err, took, runErr)
+	if runErr == nil || !strings.Contains(runErr.Error(), pre+":stuck") {
+		t.Errorf("Run: %v, want an error naming the stuck stream", runErr)
+	}
+	if runErr != nil && strings.Contains(runErr.Error(), pre+":waiting") {
+		t.Errorf("Run's error names the queue that abandoned nothing: %v", runErr)
+	}
+	if n := waitersAfter.Load(); n != 0 {
+		t.Errorf("%d waiting jobs started after Shutdown began", n)
+	}
+	// Given back: a second pool under another name runs them long before
+	// the 20s visibility timeout.
+	p2 := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 4})
+	cfg2 := cfgW
+	cfg2.Consumer = "c2"
+	cfg2.SweepInterval = 100 * time.Millisecond
+	var ran atomic.Int32
+	p2.Add(cfg2, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error {
+		ran.Add(1)
+		return nil
+	}))
+	runPool(t, p2)
+	waitFor(t, 10*time.Second, "the given-back jobs run by the second pool", func() bool { return ran.Load() == 20 })
+}
+
+// TestAttack16Pool_ownShutdownTimeouts: cancelling Run's context drains
+// each queue with its own Config.ShutdownTimeout: the short one's handler
+// is cancelled (ErrShutdown) at its deadline, the long one's job finishes.
+func TestAttack16Pool_ownShutdownTimeouts(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	var shortCause atomic.Value
+	var shortAt, longDone atomic.Int64
+	var started atomic.Int32
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 2})
+	cs, cl := poolConfig(pre+":short"), poolConfig(pre+":long")
+	cs.ShutdownTimeout, cl.ShutdownTimeout = 300*time.Millisecond, 10*time.Second
+	p.Add(cs, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		started.Add(1)
+		<-ctx.Done()
+		shortAt.Store(time.Now().UnixNano())
+		shortCause.Store(fmt.Sprint(context.Cause(ctx)))
+		return context.Cause(ctx)
+	}))
+	p.Add(cl, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		started.Add(1)
+		select {
+		case <-time.After(2 * time.Second):
+			longDone.Store(time.Now().UnixNano())
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}))
+	poolFill(t, rdb, pre+":short", 1)
+	poolFill(t, rdb, pre+":long", 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	waitFor(t, 10*time.Second, "both jobs running", func() bool { return started.Load() == 2 })
+	t0 := time.Now()
+	cancel()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	if err != nil {
+		t.Logf("Run: %v", err)
+	}
+	if longDone.Load() == 0 {
+		t.Error("the long queue's job (ShutdownTimeout 10s) did not finish: it was cut at another queue's deadline")
+	}
+	at := shortAt.Load()
+	if at == 0 {
+		t.Fatal("the short queue's handler was never cancelled")
+	}
+	if d := time.Unix(0, at).Sub(t0); d > 1500*time.Millisecond {
+		t.Errorf("the short queue's handler was cancelled %v after the cancel, its ShutdownTimeout is 300ms", d)
+	}
+	if c, _ := shortCause.Load().(string); !strings.Contains(c, consumer.ErrShutdown.Error()) {
+		t.Errorf("short handler's cause %q, want ErrShutdown", c)
+	}
+}
+
+// TestAttack16Pool_fatalQueue: one queue's stream key holds a string
+// (WRONGTYPE, an error waiting cannot fix): Run returns an error naming that
+// stream, the other queue is shut down (after finishing its running job),
+// and Run does not hang.
+func TestAttack16Pool_fatalQueue(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	if err := rdb.Set(context.Background(), pre+":bad", "not a stream", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var finished atomic.Int32
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 2})
+	good := p.Add(poolConfig(pre+":good"), consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		finished.Add(1)
+		return nil
+	}))
+	p.Add(poolConfig(pre+":bad"), consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil }))
+	poolFill(t, rdb, pre+":good", 3)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(15 * time.Second):
+		_ = p.Shutdown(context.Background())
+		t.Fatal("Run did not return with a WRONGTYPE queue")
+	}
+	if err == nil || !strings.Contains(err.Error(), pre+":bad") || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("Run: %v, want WRONGTYPE naming %s", err, pre+":bad")
+	}
+	if strings.Contains(err.Error(), pre+":good") {
+		t.Errorf("Run's error blames the good queue: %v", err)
+	}
+	if h := p.Health(); h.Live || good.Health().Live {
+		t.Errorf("after Run returned: pool health %+v", h)
+	}
+	// Whatever the good queue read is not lost: a second pool finishes it.
+	p2 := consumer.NewPool(rdb, consumer.PoolConfig{})
+	c2 := poolConfig(pre + ":good")
+	c2.Consumer = "c2"
+	c2.VisibilityTimeout, c2.SweepInterval = time.Second, 100*time.Millisecond
+	p2.Add(c2, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		finished.Add(1)
+		return nil
+	}))
+	runPool(t, p2)
+	waitFor(t, 10*time.Second, "every good job done", func() bool {
+		n, err := rdb.XPending(context.Background(), pre+":good", "g").Result()
+		l, _ := rdb.XInfoGroups(context.Background(), pre+":good").Result()
+		return err == nil && n.Count == 0 && len(l) == 1 && l[0].Lag == 0 && finished.Load() >= 3
+	})
+}
