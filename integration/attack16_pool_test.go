@@ -1,0 +1,239 @@
+package integration
+
+// Outside tests of consumer.Pool across processes (attack16): a pool process
+// SIGKILLed, SIGSTOPped past the visibility timeout, or SIGTERMed, and a
+// second pool process that takes its streams over. Written from the README,
+// docs/pool.md and the godoc only.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+func init() { subprocessModes["attack16pool"] = a16PoolMain }
+
+// a16PoolMain runs one consumer.Pool over the streams in A16_STREAMS
+// (comma-separated, weights in A16_WEIGHTS) with the harness's behaviour
+// handler and ledger (the ledger's consumer column is A16_CONSUMER).
+func a16PoolMain() int {
+	env := os.Getenv
+	dur := func(k string) time.Duration { d, _ := time.ParseDuration(env(k)); return d }
+	num := func(k string) int { n, _ := strconv.Atoi(env(k)); return n }
+	me := env("A16_CONSUMER")
+	ledger, err := os.OpenFile(env("A16_LEDGER"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	record := func(event string, job *stream.Job) {
+		fmt.Fprintf(ledger, "%s %s %s %s %d %d %d\n", event, job.ID, job.EntryID, me, job.Deliveries, job.Attempt, time.Now().UnixNano())
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: env("A16_ADDR"), MaxRetries: -1, PoolSize: 40})
+	defer rdb.Close()
+	handler := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		var b behaviour
+		if err := job.Decode(&b); err != nil {
+			return err
+		}
+		record("start", job)
+		if b.SleepMS > 0 {
+			t := time.NewTimer(time.Duration(b.SleepMS) * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				record("cancelled", job)
+				return context.Cause(ctx)
+			}
+		}
+		record("effect", job)
+		return nil
+	})
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: num("A16_CONC"), Logger: log})
+	weights := strings.Split(env("A16_WEIGHTS"), ",")
+	var queues []*consumer.Queue
+	for i, s := range strings.Split(env("A16_STREAMS"), ",") {
+		w, _ := strconv.Atoi(weights[i])
+		queues = append(queues, p.Add(consumer.Config{
+			Stream: s, Group: "g", Consumer: me,
+			VisibilityTimeout: dur("A16_VIS"),
+			SweepInterval:     dur("A16_SWEEP"),
+			HeartbeatInterval: dur("A16_VIS") / 4,
+			Block:             100 * time.Millisecond,
+			ShutdownTimeout:   dur("A16_SHUTDOWN"),
+			Prefetch:          num("A16_PREFETCH"),
+			MaxCrashes:        10,
+			PromoteInterval:   50 * time.Millisecond,
+		}, consumer.QueueOptions{Weight: w}).Handle(handler))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	err = p.Run(ctx)
+	for _, q := range queues {
+		st, _ := json.Marshal(q.Stats())
+		fmt.Fprintf(os.Stderr, "A16_STATS %s %s\n", q.Stream(), st)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "A16_RUN_ERROR %v\n", err)
+		return 3
+	}
+	return 0
+}
+
+// a16Streams makes n streams of the test's own on rdb, each with jobs jobs
+// of behaviour b, and returns their names and every job ID.
+func a16Streams(t *testing.T, rdb *redis.Client, n, jobs int, b behaviour) (names []string, ids []string) {
+	t.Helper()
+	base := redistest.Name(t)
+	for i := 0; i < n; i++ {
+		s := fmt.Sprintf("%s-%d", base, i)
+		names = append(names, s)
+		keys, _ := stream.KeysFor(s)
+		t.Cleanup(func() {
+			rdb.Del(context.Background(), keys.Stream)
+			redistest.DeleteKeys(rdb, "{"+s+"}:*")
+		})
+		sc := &scenario{t: t, rdb: rdb, stream: s, keys: keys}
+		ids = append(ids, sc.enqueue(jobs, b)...)
+	}
+	return names, ids
+}
+
+type a16PoolOpts struct {
+	addr, ledger, name string
+	streams            []string
+	weights            []int
+	conc, prefetch     int
+	vis, sweep, shut   time.Duration
+}
+
+func a16StartPool(t *testing.T, o a16PoolOpts) *worker {
+	t.Helper()
+	ws := make([]string, len(o.streams))
+	for i := range ws {
+		ws[i] = "1"
+		if i < len(o.weights) {
+			ws[i] = strconv.Itoa(o.weights[i])
+		}
+	}
+	w := startSubprocess(t, "attack16pool",
+		"A16_ADDR="+o.addr, "A16_LEDGER="+o.ledger, "A16_CONSUMER="+o.name,
+		"A16_STREAMS="+strings.Join(o.streams, ","), "A16_WEIGHTS="+strings.Join(ws, ","),
+		"A16_CONC="+strconv.Itoa(o.conc), "A16_PREFETCH="+strconv.Itoa(o.prefetch),
+		"A16_VIS="+o.vis.String(), "A16_SWEEP="+o.sweep.String(), "A16_SHUTDOWN="+o.shut.String())
+	w.name = o.name
+	return w
+}
+
+// a16Settled reports whether every stream's group has read everything and
+// holds nothing pending.
+func a16Settled(rdb *redis.Client, streams []string) (bool, string) {
+	ctx := context.Background()
+	for _, s := range streams {
+		gs, err := rdb.XInfoGroups(ctx, s).Result()
+		if err != nil || len(gs) != 1 {
+			return false, fmt.Sprintf("%s: groups %v %v", s, gs, err)
+		}
+		if gs[0].Pending != 0 || gs[0].Lag != 0 {
+			return false, fmt.Sprintf("%s: pending %d lag %d", s, gs[0].Pending, gs[0].Lag)
+		}
+	}
+	return true, ""
+}
+
+// a16Dead returns the number of dead-lettered entries of the streams.
+func a16Dead(t *testing.T, rdb *redis.Client, streams []string) int64 {
+	n := int64(0)
+	for _, s := range streams {
+		keys, _ := stream.KeysFor(s)
+		l, _ := rdb.XLen(context.Background(), keys.Dead).Result()
+		n += l
+	}
+	return n
+}
+
+// TestAttack16Pool_sigkillTakeover: a pool process over three streams is
+// SIGKILLed mid-run; a second pool process (under another name, and in a
+// second run under the same name) takes over. Every job of every stream is
+// done, none runs twice in the second pool, the only jobs done twice are
+// ones the first pool had started, and every group ends with nothing
+// pending and nothing dead.
+func TestAttack16Pool_sigkillTakeover(t *testing.T) {
+	for _, same := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sameName=%v", same), func(t *testing.T) {
+			rdb := redistest.Shared(t)
+			names, ids := a16Streams(t, rdb, 3, 150, behaviour{SleepMS: 15})
+			ledger := t.TempDir() + "/ledger"
+			o := a16PoolOpts{addr: redistest.Addr(), ledger: ledger, name: "p1", streams: names, weights: []int{3, 2, 1},
+				conc: 6, prefetch: 20, vis: 1500 * time.Millisecond, sweep: 100 * time.Millisecond, shut: 3 * time.Second}
+			p1 := a16StartPool(t, o)
+			eventually(t, 15*time.Second, func() (bool, string) {
+				n := len(countEvents(readLedger(t, ledger), "effect"))
+				return n >= len(ids)/4, fmt.Sprintf("%d effects", n)
+			})
+			p1.kill()
+			killedAt := time.Now() // p1 is dead: every line it wrote is older
+			o.name = "p2"
+			if same {
+				o.name = "p1"
+			}
+			p2 := a16StartPool(t, o)
+			eventually(t, 18*time.Second, func() (bool, string) { return a16Settled(rdb, names) })
+			p2.term()
+			if err := p2.wait(10 * time.Second); err != nil {
+				t.Errorf("second pool exited: %v\n%s", err, tail(p2.stderr.String(), 2000))
+			}
+			entries := readLedger(t, ledger)
+			var first, second []ledgerEntry
+			for _, e := range entries {
+				if e.Event != "effect" && e.Event != "start" {
+					continue
+				}
+				// Both may be named p1: the first pool was dead at killedAt.
+				if e.At.After(killedAt) {
+					second = append(second, e)
+				} else {
+					first = append(first, e)
+				}
+			}
+			eff1, eff2 := countEvents(first, "effect"), countEvents(second, "effect")
+			start1 := countEvents(first, "start")
+			doubles := 0
+			for _, id := range ids {
+				switch {
+				case eff1[id]+eff2[id] == 0:
+					t.Errorf("job %s never done", id)
+				case eff2[id] > 1:
+					t.Errorf("job %s done %d times by the second pool", id, eff2[id])
+				case eff1[id] > 1:
+					t.Errorf("job %s done %d times by the first pool", id, eff1[id])
+				case eff1[id] == 1 && eff2[id] == 1:
+					doubles++
+				}
+				if eff1[id] == 1 && eff2[id] == 1 && start1[id] == 0 {
+					t.Errorf("job %s done by both pools without a start in the first", id)
+				}
+			}
+			if n := a16Dead(t, rdb, names); n != 0 {
+				t.Errorf("%d jobs dead-lettered", n)
+			}
+			t.Logf("%d jobs, %d done by the first pool, %d by the second, %d done by both (in flight or unacknowledged at the kill)",
+				len(ids), len(eff1), len(eff2), doubles)
+		})
+	}
+}
