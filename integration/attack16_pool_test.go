@@ -237,3 +237,134 @@ func TestAttack16Pool_sigkillTakeover(t *testing.T) {
 		})
 	}
 }
+
+// a16PendingOf returns how many entries of the streams are pending under
+// consumer name.
+func a16PendingOf(rdb *redis.Client, streams []string, name string) (int, error) {
+	n := 0
+	for _, s := range streams {
+		ps, err := rdb.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: s, Group: "g", Start: "-", End: "+", Count: 10000, Consumer: name}).Result()
+		if err != nil {
+			return 0, err
+		}
+		n += len(ps)
+	}
+	return n, nil
+}
+
+// TestAttack16Pool_sigstopPastLease: a pool process frozen (SIGSTOP) past
+// its visibility timeout loses every job it held, running or prefetched,
+// to a second pool. Resumed, it must not start any job it held (a queued
+// job "is not started once its lease has ended") nor settle any it lost,
+// and every job of both streams ends done, none dead, nothing pending.
+func TestAttack16Pool_sigstopPastLease(t *testing.T) {
+	rdb := redistest.Shared(t)
+	names, ids := a16Streams(t, rdb, 2, 80, behaviour{SleepMS: 150})
+	ledger := t.TempDir() + "/ledger"
+	o := a16PoolOpts{addr: redistest.Addr(), ledger: ledger, name: "p1", streams: names, weights: []int{1, 1},
+		conc: 4, prefetch: 20, vis: time.Second, sweep: 100 * time.Millisecond, shut: 3 * time.Second}
+	p1 := a16StartPool(t, o)
+	eventually(t, 15*time.Second, func() (bool, string) {
+		n := len(countEvents(readLedger(t, ledger), "effect"))
+		held, _ := a16PendingOf(rdb, names, "p1")
+		return n >= 8 && held >= 10, fmt.Sprintf("%d effects, %d held", n, held)
+	})
+	p1.stop()
+	held, _ := a16PendingOf(rdb, names, "p1")
+	o.name = "p2"
+	p2 := a16StartPool(t, o)
+	eventually(t, 15*time.Second, func() (bool, string) {
+		n, err := a16PendingOf(rdb, names, "p1")
+		return err == nil && n == 0, fmt.Sprintf("%d still pending under the frozen pool (%v)", n, err)
+	})
+	p1.cont()
+	contAt := time.Now()
+	eventually(t, 18*time.Second, func() (bool, string) { return a16Settled(rdb, names) })
+	p1.term()
+	p2.term()
+	err1, err2 := p1.wait(10*time.Second), p2.wait(10*time.Second)
+	if err2 != nil {
+		t.Errorf("second pool: %v", err2)
+	}
+	t.Logf("frozen pool held %d entries; its exit: %v", held, err1)
+	entries := readLedger(t, ledger)
+	by := map[string]map[string][]ledgerEntry{"p1": {}, "p2": {}}
+	for _, e := range entries {
+		by[e.Consumer][e.JobID] = append(by[e.Consumer][e.JobID], e)
+	}
+	eff := countEvents(entries, "effect")
+	lateStarts, lateEffects := 0, 0
+	for _, id := range ids {
+		if eff[id] == 0 {
+			t.Errorf("job %s never done", id)
+		}
+		if len(by["p2"][id]) == 0 {
+			continue
+		}
+		for _, e := range by["p1"][id] {
+			if e.At.Before(contAt.Add(200 * time.Millisecond)) {
+				continue
+			}
+			switch e.Event {
+			case "start":
+				lateStarts++
+				t.Errorf("job %s taken over by the second pool was started again by the resumed first pool %v after SIGCONT", id, e.At.Sub(contAt))
+			case "effect":
+				lateEffects++
+			}
+		}
+	}
+	if n := a16Dead(t, rdb, names); n != 0 {
+		t.Errorf("%d jobs dead-lettered", n)
+	}
+	for _, l := range strings.Split(p1.stderr.String(), "\n") {
+		if strings.HasPrefix(l, "A16_STATS") || strings.HasPrefix(l, "A16_RUN_ERROR") {
+			t.Log("first pool: " + l)
+		}
+	}
+	t.Logf("late starts %d, late effects (a handler past its lease finishing after SIGCONT) %d", lateStarts, lateEffects)
+}
+
+// TestAttack16Pool_sigtermGiveBack: SIGTERM to a pool process with jobs
+// read but not started in every queue: running handlers finish, the queued
+// jobs of every queue are given back unstarted, and a second pool runs them
+// at once, long before the 30s visibility timeout; each job is done exactly
+// once.
+func TestAttack16Pool_sigtermGiveBack(t *testing.T) {
+	rdb := redistest.Shared(t)
+	names, ids := a16Streams(t, rdb, 3, 40, behaviour{SleepMS: 100})
+	ledger := t.TempDir() + "/ledger"
+	o := a16PoolOpts{addr: redistest.Addr(), ledger: ledger, name: "p1", streams: names, weights: []int{1, 1, 1},
+		conc: 2, prefetch: 30, vis: 30 * time.Second, sweep: 200 * time.Millisecond, shut: 5 * time.Second}
+	p1 := a16StartPool(t, o)
+	eventually(t, 15*time.Second, func() (bool, string) {
+		n := len(countEvents(readLedger(t, ledger), "effect"))
+		var held []int
+		ok := n >= 3
+		for _, s := range names {
+			h, _ := a16PendingOf(rdb, []string{s}, "p1")
+			held = append(held, h)
+			ok = ok && h >= 5
+		}
+		return ok, fmt.Sprintf("%d effects, held per stream %v", n, held)
+	})
+	p1.term()
+	if err := p1.wait(10 * time.Second); err != nil {
+		t.Fatalf("first pool's exit after SIGTERM: %v\n%s", err, tail(p1.stderr.String(), 2000))
+	}
+	termDone := time.Now()
+	left, _ := a16PendingOf(rdb, names, "p1")
+	o.name = "p2"
+	a16StartPool(t, o)
+	eventually(t, 15*time.Second, func() (bool, string) { return a16Settled(rdb, names) })
+	if d := time.Since(termDone); d > 15*time.Second {
+		t.Errorf("given-back jobs took %v", d)
+	}
+	eff := countEvents(readLedger(t, ledger), "effect")
+	for _, id := range ids {
+		if eff[id] != 1 {
+			t.Errorf("job %s done %d times", id, eff[id])
+		}
+	}
+	t.Logf("still pending under the first pool after its exit: %d entries; all settled %v after", left, time.Since(termDone))
+}
