@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/keyslot"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -833,4 +834,185 @@ func TestAttack16Pool_fatalQueue(t *testing.T) {
 		l, _ := rdb.XInfoGroups(context.Background(), pre+":good").Result()
 		return err == nil && n.Count == 0 && len(l) == 1 && l[0].Lag == 0 && finished.Load() >= 3
 	})
+}
+
+// TestAttack16Pool_suspectAloneIsPerQueue: a job that lost its lease twice
+// runs alone "on its consumer" on its third run: no other job of its queue
+// starts meanwhile, but the pool's other queue keeps starting jobs.
+func TestAttack16Pool_suspectAloneIsPerQueue(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	var bStarts, aOthersDuring atomic.Int32
+	var aloneRunning atomic.Bool
+	type result struct {
+		deliveries int
+		bStarted   bool
+	}
+	res := make(chan result, 1)
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 4})
+	cfgA := poolConfig(pre + ":a")
+	cfgA.VisibilityTimeout = 600 * time.Millisecond
+	cfgA.HeartbeatInterval = -1
+	cfgA.SweepInterval = 100 * time.Millisecond
+	cfgA.MaxCrashes = 5
+	prodB := stream.NewProducer(rdb, stream.ProducerConfig{Stream: pre + ":b"})
+	a := p.Add(cfgA, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		if job.Type != "J" {
+			if aloneRunning.Load() {
+				aOthersDuring.Add(1)
+			}
+			return nil
+		}
+		if job.Deliveries < 3 {
+			<-ctx.Done() // lease lost (no heartbeat): not settled
+			return context.Cause(ctx)
+		}
+		aloneRunning.Store(true)
+		defer aloneRunning.Store(false)
+		before := bStarts.Load()
+		for i := 0; i < 5; i++ {
+			if _, err := prodB.Enqueue(context.Background(), &stream.Job{Type: "t", Payload: []byte("x")}); err != nil {
+				return err
+			}
+		}
+		deadline := time.Now().Add(350 * time.Millisecond)
+		for time.Now().Before(deadline) && bStarts.Load() == before {
+			time.Sleep(5 * time.Millisecond)
+		}
+		res <- result{job.Deliveries, bStarts.Load() > before}
+		return nil
+	}))
+	p.Add(poolConfig(pre+":b"), consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		bStarts.Add(1)
+		return nil
+	}))
+	prodA := stream.NewProducer(rdb, stream.ProducerConfig{Stream: pre + ":a"})
+	if _, err := prodA.Enqueue(context.Background(), &stream.Job{Type: "J", Payload: []byte("j")}); err != nil {
+		t.Fatal(err)
+	}
+	runPool(t, p)
+	// Other jobs of queue a keep arriving, so that some would start beside
+	// the alone run if it were not alone.
+	stopFill := make(chan struct{})
+	fillDone := make(chan struct{})
+	go func() {
+		defer close(fillDone)
+		for {
+			select {
+			case <-stopFill:
+				return
+			case <-time.After(20 * time.Millisecond):
+				_, _ = prodA.Enqueue(context.Background(), &stream.Job{Type: "t", Payload: []byte("y")})
+			}
+		}
+	}()
+	var r result
+	select {
+	case r = <-res:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the suspect's third run never came (stats %+v)", a.Stats())
+	}
+	close(stopFill)
+	<-fillDone
+	t.Logf("third run at delivery %d; queue b started a job meanwhile: %v; other jobs of a started meanwhile: %d", r.deliveries, r.bStarted, aOthersDuring.Load())
+	if !r.bStarted {
+		t.Error("a suspect running alone on queue a kept queue b from starting any job for 350ms")
+	}
+	if n := aOthersDuring.Load(); n != 0 {
+		t.Errorf("%d other jobs of queue a started while its suspect ran alone", n)
+	}
+}
+
+// TestAttack16Pool_oneNodeDown: on a 3-master cluster, a pool with one
+// queue on master 0 and one on master 1; master 1 is frozen (SIGSTOP). The
+// pool is not ready within the frozen queue's visibility timeout and its
+// Problem names that queue, the other queue stays ready and keeps running
+// jobs, the pool stays live; after SIGCONT it is ready again and the frozen
+// queue's jobs run.
+func TestAttack16Pool_oneNodeDown(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	for _, n := range cl.Nodes() {
+		// A frozen master must not take the whole cluster down (that is
+		// Redis's doing, not the pool's).
+		if err := n.Client(t).ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb := cl.Client(t)
+	names := make([]string, 2)
+	for i := 0; names[0] == "" || names[1] == ""; i++ {
+		s := fmt.Sprintf("{a16pool%d}:jobs", i)
+		slot := keyslot.Of(s)
+		for m, r := range [][2]int{{0, 5400}, {5500, 10900}} {
+			if r[0] <= slot && slot <= r[1] && names[m] == "" {
+				names[m] = s
+			}
+		}
+	}
+	var mu sync.Mutex
+	done := map[string]int{}
+	h := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		mu.Lock()
+		done[string(job.Payload)]++
+		mu.Unlock()
+		return nil
+	})
+	ndone := func(s string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for k := range done {
+			if strings.HasPrefix(k, s+"/") {
+				n++
+			}
+		}
+		return n
+	}
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 4})
+	for _, s := range names {
+		cfg := poolConfig(s)
+		cfg.VisibilityTimeout = 2 * time.Second
+		p.Add(cfg, consumer.QueueOptions{}).Handle(h)
+	}
+	runPool(t, p)
+	waitFor(t, 15*time.Second, "pool ready", func() bool { return p.Health().Ready })
+	node := cl.Nodes()[1]
+	node.Stop()
+	stopped := time.Now()
+	waitFor(t, 10*time.Second, "the pool not ready with master 1 frozen", func() bool { return !p.Health().Ready })
+	notReadyAfter := time.Since(stopped)
+	hh := p.Health()
+	// Jobs on the live master run meanwhile.
+	prod := stream.NewProducer(rdb, stream.ProducerConfig{Stream: names[0]})
+	for i := 0; i < 10; i++ {
+		if _, err := prod.Enqueue(context.Background(), &stream.Job{Type: "t", Payload: fmt.Appendf(nil, "%s/%d", names[0], i)}); err != nil {
+			t.Fatalf("enqueue on the live master: %v", err)
+		}
+	}
+	waitFor(t, 10*time.Second, "the live master's queue running jobs beside the frozen one", func() bool { return ndone(names[0]) == 10 })
+	hLive := p.Health()
+	node.Cont()
+	t.Logf("not ready %v after the freeze; health then: %+v", notReadyAfter, hh)
+	if notReadyAfter > 2*time.Second+time.Second {
+		t.Errorf("not ready only %v after the freeze, visibility timeout 2s", notReadyAfter)
+	}
+	if !strings.Contains(hh.Problem, names[1]) {
+		t.Errorf("Problem %q does not name the frozen queue %s", hh.Problem, names[1])
+	}
+	if !hLive.Live || !hLive.Queues[0].Ready {
+		t.Errorf("while master 1 was frozen: pool live %v, live master's queue ready %v (%s)", hLive.Live, hLive.Queues[0].Ready, hLive.Queues[0].Problem)
+	}
+	if hLive.Queues[1].Ready {
+		t.Errorf("the frozen queue reported ready")
+	}
+	waitFor(t, 15*time.Second, "the pool ready again after SIGCONT", func() bool { return p.Health().Ready })
+	prod1 := stream.NewProducer(rdb, stream.ProducerConfig{Stream: names[1]})
+	for i := 0; i < 10; i++ {
+		if _, err := prod1.Enqueue(context.Background(), &stream.Job{Type: "t", Payload: fmt.Appendf(nil, "%s/%d", names[1], i)}); err != nil {
+			t.Fatalf("enqueue on the thawed master: %v", err)
+		}
+	}
+	waitFor(t, 15*time.Second, "the thawed queue's jobs", func() bool { return ndone(names[1]) == 10 })
 }
