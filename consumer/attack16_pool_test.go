@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/faultproxy"
 	"github.com/pelicanqueue/pelican/internal/keyslot"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
@@ -1015,4 +1018,103 @@ func TestAttack16Pool_oneNodeDown(t *testing.T) {
 		}
 	}
 	waitFor(t, 15*time.Second, "the thawed queue's jobs", func() bool { return ndone(names[1]) == 10 })
+}
+
+// TestAttack16Pool_minBeatsWeight: Min is a reservation whatever the
+// weights: a backlogged queue of Weight 1 and Min 2 beside one of Weight 9,
+// 4 slots, equal jobs, gets at least its 2 slots, so about half the starts
+// (stride alone would give it a tenth).
+func TestAttack16Pool_minBeatsWeight(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	m := newA16Meter()
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 4})
+	cfgA, cfgB := poolConfig(pre+":a"), poolConfig(pre+":b")
+	cfgA.Prefetch, cfgB.Prefetch = 100, 100
+	poolFill(t, rdb, pre+":a", 600)
+	poolFill(t, rdb, pre+":b", 600)
+	job := func() time.Duration { return 10 * time.Millisecond }
+	p.Add(cfgA, consumer.QueueOptions{Weight: 1, Min: 2}).Handle(m.handler("a", job))
+	p.Add(cfgB, consumer.QueueOptions{Weight: 9}).Handle(m.handler("b", job))
+	runPool(t, p)
+	waitFor(t, 15*time.Second, "500 starts", func() bool { return len(m.starts()) >= 500 })
+	seq := m.starts()[100:500]
+	na := 0
+	for _, q := range seq {
+		if q == "a" {
+			na++
+		}
+	}
+	t.Logf("a (Weight 1, Min 2 of 4): %d of %d starts", na, len(seq))
+	if na < 160 {
+		t.Errorf("a queue with Min 2 of 4 slots had %d of 400 starts (want about 200): its reserved slots went to the heavier queue", na)
+	}
+}
+
+// TestAttack16Pool_redisCutOff: the pool's Redis cut off (a partition):
+// not ready within the visibility timeout (ReadyHandler 503, still live),
+// ready again after it heals, and every job enqueued before and during the
+// cut ends done.
+func TestAttack16Pool_redisCutOff(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	px, err := faultproxy.Start(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond, DialTimeout: 500 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	direct := srv.Client(t)
+	var mu sync.Mutex
+	done := map[string]int{}
+	h := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		mu.Lock()
+		done[string(job.Payload)]++
+		mu.Unlock()
+		return nil
+	})
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 4})
+	for _, s := range []string{"{a}:jobs", "{b}:jobs"} {
+		cfg := poolConfig(s)
+		cfg.VisibilityTimeout = 2 * time.Second
+		p.Add(cfg, consumer.QueueOptions{}).Handle(h)
+		poolFill(t, direct, s, 50)
+	}
+	runPool(t, p)
+	code := func(hd http.Handler) int {
+		rec := httptest.NewRecorder()
+		hd.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		return rec.Code
+	}
+	waitFor(t, 15*time.Second, "100 jobs done and ready", func() bool {
+		mu.Lock()
+		n := len(done)
+		mu.Unlock()
+		return n == 100 && p.Health().Ready
+	})
+	px.Blackhole()
+	cut := time.Now()
+	waitFor(t, 10*time.Second, "not ready", func() bool { return code(p.ReadyHandler()) == http.StatusServiceUnavailable })
+	if d := time.Since(cut); d > 3*time.Second {
+		t.Errorf("not ready %v after the cut, visibility timeout 2s", d)
+	}
+	if c := code(p.LiveHandler()); c != http.StatusOK {
+		t.Errorf("LiveHandler %d while cut off, want 200", c)
+	}
+	for _, s := range []string{"{a}:jobs", "{b}:jobs"} {
+		for i := 50; i < 60; i++ {
+			if err := direct.XAdd(context.Background(), &redis.XAddArgs{Stream: s, Values: map[string]any{"type": "t", "payload": fmt.Sprintf("%s/%d", s, i)}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	px.Pass()
+	waitFor(t, 15*time.Second, "ready again and every job done", func() bool {
+		mu.Lock()
+		n := len(done)
+		mu.Unlock()
+		return n == 120 && code(p.ReadyHandler()) == http.StatusOK
+	})
 }
