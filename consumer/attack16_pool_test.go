@@ -1118,3 +1118,123 @@ func TestAttack16Pool_redisCutOff(t *testing.T) {
 		return n == 120 && code(p.ReadyHandler()) == http.StatusOK
 	})
 }
+
+// TestAttack16Pool_strictTiesAndNegative: strict mode with negative
+// priorities: the queues of Priority 0 take every slot from the queue of
+// Priority -5 while they have jobs waiting, and share among themselves by
+// Weight (3/1).
+func TestAttack16Pool_strictTiesAndNegative(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	m := newA16Meter()
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 2, Strict: true})
+	job := func() time.Duration { return 2 * time.Millisecond }
+	for _, q := range []struct {
+		name     string
+		prio, wt int
+	}{{"x", 0, 3}, {"y", 0, 1}, {"lo", -5, 1000}} {
+		cfg := poolConfig(pre + ":" + q.name)
+		cfg.Prefetch = 200
+		poolFill(t, rdb, cfg.Stream, 800)
+		p.Add(cfg, consumer.QueueOptions{Priority: q.prio, Weight: q.wt}).Handle(m.handler(q.name, job))
+	}
+	runPool(t, p)
+	waitFor(t, 15*time.Second, "600 starts", func() bool { return len(m.starts()) >= 600 })
+	seq := m.starts()[200:600]
+	n := map[string]int{}
+	for _, q := range seq {
+		n[q]++
+	}
+	t.Logf("starts 200..600: %v", n)
+	if n["lo"] > 4 {
+		t.Errorf("the Priority -5 queue started %d of 400 jobs while the Priority 0 queues had jobs waiting", n["lo"])
+	}
+	if n["x"] < 270 || n["x"] > 330 {
+		t.Errorf("equal priorities, weights 3/1: x had %d of 400 starts, want 270..330", n["x"])
+	}
+}
+
+// TestAttack16Pool_onDeadLetterInSlot: OnDeadLetter "runs in the job's
+// worker slot": handlers and OnDeadLetter callbacks running at once, over
+// every queue, never exceed the pool's Concurrency.
+func TestAttack16Pool_onDeadLetterInSlot(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	const conc = 2
+	var cur, peak, dl atomic.Int32
+	enter := func() {
+		c := cur.Add(1)
+		for {
+			p := peak.Load()
+			if c <= p || peak.CompareAndSwap(p, c) {
+				break
+			}
+		}
+	}
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: conc})
+	for _, s := range []string{"a", "b"} {
+		cfg := poolConfig(pre + ":" + s)
+		cfg.OnDeadLetter = func(ctx context.Context, d consumer.DeadLetter) {
+			enter()
+			time.Sleep(30 * time.Millisecond)
+			cur.Add(-1)
+			dl.Add(1)
+		}
+		poolFill(t, rdb, cfg.Stream, 20)
+		p.Add(cfg, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			enter()
+			defer cur.Add(-1)
+			time.Sleep(5 * time.Millisecond)
+			return consumer.Dead("bad", errors.New("no"))
+		}))
+	}
+	runPool(t, p)
+	waitFor(t, 15*time.Second, "40 dead letters", func() bool { return dl.Load() == 40 })
+	if pk := peak.Load(); pk > conc {
+		t.Errorf("%d handlers and OnDeadLetter callbacks ran at once, Concurrency %d", pk, conc)
+	}
+}
+
+// TestAttack16Pool_afterRun: after Run has returned, WaitIdle returns an
+// error at once, a second Shutdown returns at once, and a Run whose context
+// is already cancelled returns nil promptly.
+func TestAttack16Pool_afterRun(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	h := consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil })
+	p := consumer.NewPool(rdb, consumer.PoolConfig{})
+	q := p.Add(poolConfig(pre+":a"), consumer.QueueOptions{}).Handle(h)
+	stop := runPool(t, p)
+	waitFor(t, 10*time.Second, "ready", func() bool { return p.Health().Ready })
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	if err := q.WaitIdle(ctx); err == nil || ctx.Err() != nil {
+		t.Errorf("WaitIdle after Run returned: %v after %v, want an error at once", err, time.Since(t0))
+	}
+	t0 = time.Now()
+	if err := p.Shutdown(ctx); err != nil || time.Since(t0) > 2*time.Second {
+		t.Errorf("second Shutdown: %v after %v", err, time.Since(t0))
+	}
+	p2 := consumer.NewPool(rdb, consumer.PoolConfig{})
+	p2.Add(poolConfig(pre+":b"), consumer.QueueOptions{}).Handle(h)
+	cctx, ccancel := context.WithCancel(context.Background())
+	ccancel()
+	done := make(chan error, 1)
+	go func() { done <- p2.Run(cctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run with a cancelled context: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		_ = p2.Shutdown(context.Background())
+		t.Fatal("Run with a cancelled context did not return")
+	}
+}
