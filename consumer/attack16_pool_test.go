@@ -294,10 +294,41 @@ func TestAttack16Pool_budgetAndMax(t *testing.T) {
 		p.Add(cfg, o).Handle(m.handler(q, func() time.Duration { return time.Duration(rand.IntN(4000)) * time.Microsecond }))
 	}
 	stop := runPool(t, p)
+	// The pool's own account (QueueHealth.Running) must never show more
+	// than the budget or a queue's Max either.
+	var healthBad atomic.Value
+	sampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-sampling:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			h := p.Health()
+			sum := 0
+			for i, q := range h.Queues {
+				sum += q.Running
+				if o := opts[i]; o.Max > 0 && q.Running > o.Max {
+					healthBad.Store(fmt.Sprintf("queue %d Running %d over Max %d", i, q.Running, o.Max))
+				}
+			}
+			if sum > conc {
+				healthBad.Store(fmt.Sprintf("Running adds up to %d over Concurrency %d", sum, conc))
+			}
+		}
+	}()
 	waitFor(t, 18*time.Second, "every job done", func() bool {
 		_, _, _, _, done := m.snapshot()
 		return done == per*len(opts)
 	})
+	close(sampling)
+	<-sampled
+	if s, _ := healthBad.Load().(string); s != "" {
+		t.Errorf("Health: %s", s)
+	}
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -1237,4 +1268,48 @@ func TestAttack16Pool_afterRun(t *testing.T) {
 		_ = p2.Shutdown(context.Background())
 		t.Fatal("Run with a cancelled context did not return")
 	}
+}
+
+// TestAttack16Pool_groupRecovery: one queue's group destroyed and its
+// stream deleted mid-run: that queue recovers its group (as a consumer
+// does) and runs new jobs; the other queue is not disturbed; the pool
+// stays live.
+func TestAttack16Pool_groupRecovery(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	m := newA16Meter()
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 4})
+	qa := p.Add(poolConfig(pre+":a"), consumer.QueueOptions{}).Handle(m.handler("a", func() time.Duration { return 0 }))
+	qb := p.Add(poolConfig(pre+":b"), consumer.QueueOptions{}).Handle(m.handler("b", func() time.Duration { return 0 }))
+	runPool(t, p)
+	poolFill(t, rdb, pre+":a", 10)
+	poolFill(t, rdb, pre+":b", 10)
+	waitFor(t, 10*time.Second, "20 done", func() bool { _, _, _, _, d := m.snapshot(); return d == 20 })
+	ctx := context.Background()
+	for _, step := range []func() error{
+		func() error { return rdb.XGroupDestroy(ctx, pre+":b", "g").Err() },
+		func() error { return rdb.Del(ctx, pre+":b").Err() },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+		// New payloads each time (the meter counts distinct payloads).
+		_, _, _, _, before := m.snapshot()
+		prod := stream.NewProducer(rdb, stream.ProducerConfig{Stream: pre + ":b"})
+		pa := stream.NewProducer(rdb, stream.ProducerConfig{Stream: pre + ":a"})
+		for i := 0; i < 5; i++ {
+			if _, err := prod.Enqueue(ctx, &stream.Job{Type: "t", Payload: fmt.Appendf(nil, "b-%d-%d", before, i)}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pa.Enqueue(ctx, &stream.Job{Type: "t", Payload: fmt.Appendf(nil, "a-%d-%d", before, i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, 15*time.Second, "the new jobs of both queues done", func() bool { _, _, _, _, d := m.snapshot(); return d == before+10 })
+	}
+	if h := p.Health(); !h.Live {
+		t.Errorf("pool not live after a group recovery: %+v", h)
+	}
+	t.Logf("a: %+v; b: %+v", qa.Stats(), qb.Stats())
 }
