@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -1312,4 +1313,88 @@ func TestAttack16Pool_groupRecovery(t *testing.T) {
 		t.Errorf("pool not live after a group recovery: %+v", h)
 	}
 	t.Logf("a: %+v; b: %+v", qa.Stats(), qb.Stats())
+}
+
+// a16Buf is a bytes buffer safe for concurrent use, for a slog handler.
+type a16Buf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *a16Buf) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *a16Buf) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestAttack16Pool_loggerNoPayload: PoolConfig.Logger is the logger of every
+// queue whose Config has none; what the queues log about malformed entries,
+// oversized entries, panics and dead letters names the stream but never
+// holds the payload or raw fields.
+func TestAttack16Pool_loggerNoPayload(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	const secret = "SECRET-a16-4242"
+	buf := &a16Buf{}
+	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 3, Logger: log})
+	var qs []*consumer.Queue
+	for _, s := range []string{"a", "b"} {
+		cfg := poolConfig(pre + ":" + s)
+		cfg.Logger = nil
+		cfg.MaxEntryBytes = 2048
+		cfg.MaxAttempts = 1
+		qs = append(qs, p.Add(cfg, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+			switch string(job.Payload[:3]) {
+			case "pan":
+				panic("handler blew up")
+			case "dea":
+				return consumer.Dead("nope", errors.New("refused"))
+			case "err":
+				return errors.New("plain failure")
+			}
+			return nil
+		})))
+	}
+	ctx := context.Background()
+	for _, s := range []string{pre + ":a", pre + ":b"} {
+		prod := stream.NewProducer(rdb, stream.ProducerConfig{Stream: s})
+		for _, pl := range []string{"pan " + secret, "dea " + secret, "err " + secret, "ok " + secret, "big " + strings.Repeat(secret, 200)} {
+			if _, err := prod.Enqueue(ctx, &stream.Job{Type: "t", Payload: []byte(pl), IdempotencyKey: "k"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A malformed entry: no type.
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: s, Values: map[string]any{"payload": secret, "junk": secret}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runPool(t, p)
+	waitFor(t, 15*time.Second, "4 dead letters and 1 ack per queue", func() bool {
+		for _, q := range qs {
+			st := q.Stats()
+			if st.DeadLettered != 5 || st.Acked != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	out := buf.String()
+	if !strings.Contains(out, pre+":a") || !strings.Contains(out, pre+":b") {
+		t.Errorf("PoolConfig.Logger did not get both queues' records:\n%s", out)
+	}
+	if strings.Contains(out, secret) {
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, secret) {
+				t.Errorf("log line holds the payload: %.300s", l)
+			}
+		}
+	}
 }
