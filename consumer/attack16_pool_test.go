@@ -1398,3 +1398,87 @@ func TestAttack16Pool_loggerNoPayload(t *testing.T) {
 		}
 	}
 }
+
+// TestAttack16Pool_waitingForRedisShutdown: a pool started before its Redis
+// (StartTimeout 0: wait) stops at once on Shutdown, and Run returns nil.
+func TestAttack16Pool_waitingForRedisShutdown(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", PoolSize: 20, DialTimeout: 200 * time.Millisecond})
+	defer rdb.Close()
+	h := consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil })
+	p := consumer.NewPool(rdb, consumer.PoolConfig{})
+	p.Add(poolConfig("a"), consumer.QueueOptions{}).Handle(h)
+	p.Add(poolConfig("b"), consumer.QueueOptions{}).Handle(h)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned while Redis is unreachable and StartTimeout is 0: %v", err)
+	case <-time.After(700 * time.Millisecond):
+	}
+	if h := p.Health(); h.Ready {
+		t.Errorf("ready while waiting for Redis: %+v", h)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown while waiting for Redis: %v", err)
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Errorf("Shutdown while waiting for Redis took %v", d)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v, want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return")
+	}
+}
+
+// TestAttack16Pool_redisCrashRestart: the pool's Redis (AOF always) is
+// SIGKILLed and restarted mid-run: every job of both streams ends done,
+// nothing stays pending, and none is dead-lettered.
+func TestAttack16Pool_redisCrashRestart(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{AOF: "always"})
+	rdb := srv.Client(t, func(o *redis.Options) { o.PoolSize = 20 })
+	m := newA16Meter()
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 4})
+	streams := []string{"{a}:jobs", "{b}:jobs"}
+	var qs []*consumer.Queue
+	for _, s := range streams {
+		cfg := poolConfig(s)
+		cfg.VisibilityTimeout = 1500 * time.Millisecond
+		cfg.SweepInterval = 100 * time.Millisecond
+		cfg.MaxCrashes = 10
+		poolFill(t, rdb, s, 300)
+		qs = append(qs, p.Add(cfg, consumer.QueueOptions{}).Handle(m.handler(s, func() time.Duration { return 3 * time.Millisecond })))
+	}
+	runPool(t, p)
+	waitFor(t, 15*time.Second, "100 jobs done", func() bool { _, _, _, _, d := m.snapshot(); return d >= 100 })
+	srv.Kill9()
+	srv.Restart()
+	waitFor(t, 18*time.Second, "every job done and settled", func() bool {
+		_, _, _, _, d := m.snapshot()
+		if d != 600 {
+			return false
+		}
+		for _, s := range streams {
+			gs, err := rdb.XInfoGroups(context.Background(), s).Result()
+			if err != nil || len(gs) != 1 || gs[0].Pending != 0 || gs[0].Lag != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for i, s := range streams {
+		keys, _ := stream.KeysFor(s)
+		if n, _ := rdb.XLen(context.Background(), keys.Dead).Result(); n != 0 {
+			t.Errorf("%s: %d dead letters", s, n)
+		}
+		t.Logf("%s: %+v", s, qs[i].Stats())
+	}
+}
