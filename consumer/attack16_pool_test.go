@@ -1245,6 +1245,11 @@ func TestAttack16Pool_afterRun(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
+	rec := httptest.NewRecorder()
+	p.LiveHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/live", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("LiveHandler after Run returned: %d, want 503", rec.Code)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	t0 := time.Now()
@@ -1606,5 +1611,61 @@ func TestAttack16Pool_startTimeoutLastError(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		_ = p.Shutdown(context.Background())
 		t.Fatal("Run did not return after StartTimeout")
+	}
+}
+
+// TestAttack16Pool_retrySnooze: jobs that snooze or fail once come back
+// through each queue's own delayed set and run again, each done once,
+// while a waiting delayed job holds no slot (the other queue runs at full
+// Concurrency meanwhile).
+func TestAttack16Pool_retrySnooze(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	pre := a16Prefix(t, rdb)
+	var mu sync.Mutex
+	seen := map[string]int{}
+	done := map[string]int{}
+	m := newA16Meter()
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 2})
+	cfg := poolConfig(pre + ":r")
+	cfg.PromoteInterval = 20 * time.Millisecond
+	cfg.Backoff = consumer.Backoff{Base: 50 * time.Millisecond, Cap: 50 * time.Millisecond}
+	r := p.Add(cfg, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		k := string(job.Payload)
+		mu.Lock()
+		seen[k]++
+		n := seen[k]
+		if n > 1 {
+			done[k]++
+		}
+		mu.Unlock()
+		if n == 1 {
+			if k[len(k)-1]%2 == 0 {
+				return consumer.Snooze(1500 * time.Millisecond)
+			}
+			return consumer.Retry(1500*time.Millisecond, errors.New("once"))
+		}
+		return nil
+	}))
+	p.Add(poolConfig(pre+":o"), consumer.QueueOptions{}).Handle(m.handler("o", func() time.Duration { return 100 * time.Millisecond }))
+	poolFill(t, rdb, pre+":r", 20)
+	runPool(t, p)
+	waitFor(t, 10*time.Second, "20 jobs rescheduled", func() bool { s := r.Stats(); return s.Snoozed+s.Retried == 20 })
+	poolFill(t, rdb, pre+":o", 6)
+	waitFor(t, 5*time.Second, "the other queue at 2 at once while 20 jobs are delayed", func() bool {
+		_, _, cur, _, _ := m.snapshot()
+		return cur["o"] == 2
+	})
+	waitFor(t, 15*time.Second, "20 jobs done after their second run", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(done) == 20
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for k, n := range done {
+		if n != 1 {
+			t.Errorf("job %s done %d times", k, n)
+		}
 	}
 }
