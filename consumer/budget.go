@@ -25,7 +25,12 @@ const strideUnit = 1 << 40
 type budget struct {
 	mu     sync.Mutex
 	free   int
+	total  int
 	strict bool
+	// alone are the suspects waiting to run alone in the pool (see
+	// acquireAll), first come first served; while one waits, no slot is
+	// granted to anything else.
+	alone []*slotWaiter
 	shares []*share
 	// lacking is the sum over shares of max(0, min-used): slots reserved
 	// for queues below their Min.
@@ -35,7 +40,7 @@ type budget struct {
 	vt uint64
 }
 
-func newBudget(n int, strict bool) *budget { return &budget{free: n, strict: strict} }
+func newBudget(n int, strict bool) *budget { return &budget{free: n, total: n, strict: strict} }
 
 // share is one queue's part of the budget.
 type share struct {
@@ -135,6 +140,56 @@ func (s *share) release(n int) {
 	b.grant()
 }
 
+// acquireAll waits until no job of any queue of the pool runs, and takes
+// every slot of the budget, for a suspect that must run alone: a crash
+// stops the whole process, so a suspect alone on its own queue's consumer
+// would still take the other queues' running jobs down with it and have
+// them blamed for its crashes. While it waits, no slot is granted to
+// anything else. It returns false, holding none, when ctx is done first.
+// A nil share (a consumer outside a pool) grants at once.
+func (s *share) acquireAll(ctx context.Context) bool {
+	if s == nil {
+		return true
+	}
+	b := s.b
+	w := &slotWaiter{ch: make(chan struct{})}
+	b.mu.Lock()
+	b.alone = append(b.alone, w)
+	b.grant()
+	b.mu.Unlock()
+	select {
+	case <-w.ch:
+		return true
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w.granted {
+		b.free = b.total
+	} else {
+		for i, x := range b.alone {
+			if x == w {
+				b.alone = append(b.alone[:i], b.alone[i+1:]...)
+				break
+			}
+		}
+	}
+	b.grant()
+	return false
+}
+
+// releaseAll returns the slots acquireAll took.
+func (s *share) releaseAll() {
+	if s == nil {
+		return
+	}
+	b := s.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.free = b.total
+	b.grant()
+}
+
 // keep is release(1) followed by acquire, in one step, for a worker that
 // holds a slot and has its queue's next job to start: it keeps the slot
 // when no waiting queue goes before its own, and otherwise hands it over
@@ -182,7 +237,7 @@ func (s *share) keep(ctx context.Context) bool {
 // it leaves enough for the queues below their Min (s's own reservation
 // counts for s).
 func (b *budget) eligible(s *share) bool {
-	if b.free == 0 {
+	if b.free == 0 || len(b.alone) > 0 {
 		return false
 	}
 	return s.used < s.min || b.free > b.lacking
@@ -204,6 +259,19 @@ func (b *budget) take(s *share) {
 // grant hands free slots to waiters until no waiter may take one. Call it
 // with b.mu held.
 func (b *budget) grant() {
+	if len(b.alone) > 0 {
+		// A suspect waits to run alone: it gets every slot once all are
+		// free, and nothing else is granted before it.
+		if b.free == b.total {
+			w := b.alone[0]
+			b.alone[0] = nil
+			b.alone = b.alone[1:]
+			b.free = 0
+			w.granted = true
+			close(w.ch)
+		}
+		return
+	}
 	for b.free > 0 {
 		var pick *share
 		all := true

@@ -171,13 +171,13 @@ func (c *Consumer) runAlone(ctx context.Context, r suspectRun) {
 		}
 	}
 	defer c.release(c.r.Concurrency)
-	// In a Pool it runs alone on its queue's consumer, in one slot of the
-	// shared budget.
-	if !c.share.acquire(ctx) {
+	// In a Pool it runs alone in the whole pool: a crash stops every
+	// queue's jobs, not only its own queue's.
+	if !c.share.acquireAll(ctx) {
 		c.abandonSuspect(r)
 		return
 	}
-	defer c.share.release(1)
+	defer c.share.releaseAll()
 	c.runSuspect(r, "alone")
 }
 

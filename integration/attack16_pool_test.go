@@ -388,7 +388,6 @@ func TestAttack16Pool_sigtermGiveBack(t *testing.T) {
 // a suspect's later runs are alone on the consumer; in a pool the other
 // queues' jobs share the process.
 func TestAttack16Pool_crashCollateralAcrossQueues(t *testing.T) {
-	t.Skip("FINDING: in a pool, a job of another queue running beside a crashing job is dead-lettered \"crashed\": a suspect runs alone only on its own queue, not in the process")
 	rdb := redistest.Shared(t)
 	base := redistest.Name(t)
 	names := []string{base + "-poison", base + "-innocent"}
