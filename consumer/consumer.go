@@ -38,6 +38,8 @@ type Consumer struct {
 	claimer   *claim.Claimer
 	slots     chan struct{}   // a token per worker slot free
 	room      chan struct{}   // a token per fresh job the consumer may take in (see takeRoom)
+	parked    int             // room tokens the read loop holds back (see fitRoom)
+	jobTime   atomic.Int64    // handlers' average run time, ns (see roomLimit)
 	ready     chan *task      // fresh jobs queued for the workers
 	base      context.Context // parent of the handlers' contexts
 	ackCh     chan ackItem

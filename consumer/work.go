@@ -231,6 +231,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 	t.finished = true
 	t.ran = time.Since(t.start)
 	c.mu.Unlock()
+	c.noteRunTime(t.ran)
 	forget := true // leave the in-flight set now, or (acks) once acknowledged
 	defer func() {
 		if forget {
@@ -255,7 +256,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		case <-c.ackDone:
 		default:
 			forget = false
-			c.flushAcks([]ackItem{{id: t.id}})
+			c.flushAcks([]ackItem{{id: t.id}}, nil, true)
 		}
 	case dec.Kind == KindAck:
 		// The job stays in the in-flight set until the ack loop has
