@@ -102,8 +102,10 @@ func (c *Consumer) roomSize() int { return c.r.Concurrency + c.r.prefetchMax }
 // roomLimit is how many fresh entries the consumer holds at most now:
 // Concurrency plus Prefetch; with the default Prefetch, as many more (up to
 // roomSize) as its workers run within prefetchWait at the handlers' recent
-// average run time, so that fast jobs are read in large batches and slow
-// ones are not held from other consumers.
+// average run time, and no more than twice as many more as jobs finished
+// since the last read: fast jobs are read in large batches, and jobs that
+// are slow, or stop finishing, are not held from other consumers (a burst
+// after an idle spell is read at Concurrency plus Prefetch first).
 func (c *Consumer) roomLimit() int {
 	size, base := c.roomSize(), c.r.Concurrency+c.r.Prefetch
 	if size == base {
@@ -113,13 +115,16 @@ func (c *Consumer) roomLimit() int {
 	if avg <= 0 {
 		return base // no job has finished yet
 	}
-	extra := int64(c.r.Concurrency) * int64(prefetchWait) / int64(avg)
-	return int(min(int64(size), max(int64(base), int64(c.r.Concurrency)+extra)))
+	byTime := int64(c.r.Concurrency) + int64(c.r.Concurrency)*int64(prefetchWait)/int64(avg)
+	byDone := int64(base) + 2*(c.finished.Load()-c.finishedAtRead)
+	return int(min(int64(size), max(int64(base), min(byTime, byDone))))
 }
 
 // noteRunTime adds a handler's run time to the running average roomLimit
-// reads (an exponential moving average; concurrent updates may lose one).
+// reads (an exponential moving average; concurrent updates may lose one),
+// and counts a finished job.
 func (c *Consumer) noteRunTime(d time.Duration) {
+	c.finished.Add(1)
 	old := c.jobTime.Load()
 	if old == 0 {
 		c.jobTime.Store(max(int64(d), 1))
@@ -222,6 +227,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 	c.gate.RLock()
 	defer c.gate.RUnlock()
 	at := time.Now()
+	c.finishedAtRead = c.finished.Load()
 	c.health.readSent(at)
 	res, err := reader.read(ctx, &redis.XReadGroupArgs{
 		Group:    c.r.Group,

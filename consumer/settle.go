@@ -78,7 +78,8 @@ func (c *Consumer) forgetSettled(id string) {
 // together sends one script for many of them instead of one per few, and
 // an idle one acknowledges within ackLinger. The trim of settled entries
 // (the second half of ack.lua) runs once ackTrimEvery entries have been
-// settled since the last one, or ackTrimAfter after the first of fewer:
+// settled since the last one, when the batch settles the last jobs in
+// flight, or ackTrimAfter after the first of fewer:
 // trimming removes whole stream nodes of about 100 entries, so trimming at
 // every small batch cost Redis CPU and removed nothing more.
 const (
@@ -101,7 +102,16 @@ func (c *Consumer) ackLoop(stop <-chan struct{}) {
 	linger.Stop()
 	flush := func(trim bool) {
 		had := len(settled) > 0
-		settled = c.flushAcks(batch, settled, trim || len(settled)+len(batch) >= ackTrimEvery)
+		acks := 0
+		for _, it := range batch {
+			if !it.forget {
+				acks++
+			}
+		}
+		c.mu.Lock()
+		idle := len(c.inflight) <= acks // nothing else to settle: trim now
+		c.mu.Unlock()
+		settled = c.flushAcks(batch, settled, trim || idle || len(settled)+len(batch) >= ackTrimEvery)
 		batch = batch[:0]
 		if n := len(settled); n > maxAckBatch {
 			// Trims keep failing: the oldest candidates are left to the
