@@ -41,6 +41,7 @@ type Consumer struct {
 	parked   int           // room tokens the read loop holds back (see fitRoom)
 	jobTime  atomic.Int64  // handlers' average run time, ns (see roomLimit)
 	finished atomic.Int64  // handlers returned
+	caughtUp atomic.Bool   // the last read found fewer new entries than it asked for
 	// finishedAtRead is finished when the last read was sent; read loop only.
 	finishedAtRead int64
 	ready          chan *task      // fresh jobs queued for the workers

@@ -250,6 +250,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 		msgs = res[0].Messages
 	}
 	c.freeRoom(n - len(msgs))
+	c.caughtUp.Store(len(msgs) < n)
 	if ctx.Err() != nil {
 		// Read after the stop: give the entries back for the next sweep.
 		ids := make([]string, len(msgs))

@@ -79,7 +79,8 @@ func (c *Consumer) forgetSettled(id string) {
 // an idle one acknowledges within ackLinger. The trim of settled entries
 // (the second half of ack.lua) runs once ackTrimEvery entries have been
 // settled since the last one, when the batch settles the last jobs in
-// flight, or ackTrimAfter after the first of fewer:
+// flight and the last read found the stream caught up, or ackTrimAfter
+// after the first of fewer:
 // trimming removes whole stream nodes of about 100 entries, so trimming at
 // every small batch cost Redis CPU and removed nothing more.
 const (
@@ -109,9 +110,11 @@ func (c *Consumer) ackLoop(stop <-chan struct{}) {
 			}
 		}
 		c.mu.Lock()
-		idle := len(c.inflight) <= acks // nothing else to settle: trim now
+		// Nothing else to settle, nothing more to read: trim now.
+		idle := len(c.inflight) <= acks && c.caughtUp.Load()
 		c.mu.Unlock()
-		settled = c.flushAcks(batch, settled, trim || idle || len(settled)+len(batch) >= ackTrimEvery)
+		trim = trim || idle || len(settled)+len(batch) >= ackTrimEvery
+		settled = c.flushAcks(batch, settled, trim)
 		batch = batch[:0]
 		if n := len(settled); n > maxAckBatch {
 			// Trims keep failing: the oldest candidates are left to the
@@ -121,7 +124,7 @@ func (c *Consumer) ackLoop(stop <-chan struct{}) {
 		switch {
 		case len(settled) == 0:
 			trimDue.Stop()
-		case !had:
+		case !had || trim: // new candidates, or a trim that failed: try again
 			trimDue.Reset(ackTrimAfter)
 		}
 	}
@@ -211,6 +214,9 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 		} else {
 			ids = append(ids, it.id)
 		}
+	}
+	if len(ids) == 0 && !trim {
+		return forget // nothing to acknowledge: the candidates wait for the trim
 	}
 	defer func() {
 		c.mu.Lock()
