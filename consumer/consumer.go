@@ -33,27 +33,29 @@ type Consumer struct {
 	started atomic.Bool
 
 	// Set by Run.
-	r        resolved
-	chain    Handler
-	claimer  *claim.Claimer
-	slots    chan struct{} // a token per worker slot free
-	room     chan struct{} // a token per fresh job the consumer may take in (see takeRoom)
-	parked   int           // room tokens the read loop holds back (see fitRoom)
-	jobTime  atomic.Int64  // handlers' average run time, ns (see roomLimit)
-	finished atomic.Int64  // handlers returned
-	caughtUp atomic.Bool   // the last read found fewer new entries than it asked for
+	r         resolved
+	chain     Handler
+	claimer   *claim.Claimer
+	slots     chan struct{}   // a token per worker slot free
+	room      chan struct{}   // a token per fresh job the consumer may take in (see takeRoom)
+	ready     chan *task      // fresh jobs queued for the workers
+	base      context.Context // parent of the handlers' contexts
+	ackCh     chan ackItem
+	retryCh   chan *retryReq // unbuffered: a send is taken by the retry loop
+	retryDone chan struct{}
+	ackDone   chan struct{}
+	errLog    rateLog
+	leases    leases
+	stats     counters
+	health    healthState // see health.go
+
+	// The room's size for the default Prefetch (see roomLimit).
+	parked   int          // room tokens the read loop holds back (see fitRoom)
+	jobTime  atomic.Int64 // handlers' average run time, ns
+	finished atomic.Int64 // handlers returned
+	caughtUp atomic.Bool  // the last read found fewer new entries than it asked for
 	// finishedAtRead is finished when the last read was sent; read loop only.
 	finishedAtRead int64
-	ready          chan *task      // fresh jobs queued for the workers
-	base           context.Context // parent of the handlers' contexts
-	ackCh          chan ackItem
-	retryCh        chan *retryReq // unbuffered: a send is taken by the retry loop
-	retryDone      chan struct{}
-	ackDone        chan struct{}
-	errLog         rateLog
-	leases         leases
-	stats          counters
-	health         healthState // see health.go
 
 	mu       sync.Mutex
 	inflight map[string]*task
