@@ -158,7 +158,9 @@ type Config struct {
 	// suspect (see MaxCrashes), so a large Prefetch makes recovery from
 	// repeated crashes slower. Negative disables it: each read then takes
 	// only as many entries as there are free workers. Defaults to
-	// Concurrency.
+	// Concurrency, raised while jobs are short (queued jobs would wait a
+	// few milliseconds at most) up to what makes Concurrency plus Prefetch
+	// 100, so that fast jobs are read in batches of about 50.
 	Prefetch int
 	// PromoteInterval is how often due jobs move from the delayed set back to
 	// the stream. Defaults to [DefaultPromoteInterval].
@@ -227,6 +229,9 @@ type resolved struct {
 	Config
 	keys stream.Keys
 	pol  policy
+	// prefetchMax is the most entries beyond Concurrency the consumer may
+	// hold: Prefetch when set, else what fast jobs earn (see roomLimit).
+	prefetchMax int
 }
 
 // Validate reports whether c is a valid configuration, and if not names the
@@ -288,11 +293,13 @@ func (c Config) resolve() (resolved, error) {
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
+	prefetchMax := c.Prefetch
 	switch {
 	case c.Prefetch == 0:
 		c.Prefetch = c.Concurrency
+		prefetchMax = max(c.Concurrency, fastRoom-c.Concurrency)
 	case c.Prefetch < 0:
-		c.Prefetch = 0
+		c.Prefetch, prefetchMax = 0, 0
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
@@ -345,7 +352,7 @@ func (c Config) resolve() (resolved, error) {
 	if c.Block >= c.VisibilityTimeout {
 		return bad("Config.Block (%v) must be less than Config.VisibilityTimeout (%v)", c.Block, c.VisibilityTimeout)
 	}
-	return resolved{Config: c, keys: keys, pol: policy{backoff: c.Backoff, panic: c.Panic, maxAttempts: c.MaxAttempts}}, nil
+	return resolved{Config: c, keys: keys, pol: policy{backoff: c.Backoff, panic: c.Panic, maxAttempts: c.MaxAttempts}, prefetchMax: prefetchMax}, nil
 }
 
 // validStartID reports whether id is an ID that XGROUP CREATE accepts: "$",

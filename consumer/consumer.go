@@ -51,6 +51,14 @@ type Consumer struct {
 	health    healthState // see health.go
 	pause     pauses      // see pause.go
 
+	// The room's size for the default Prefetch (see roomLimit).
+	parked   int          // room tokens the read loop holds back (see fitRoom)
+	jobTime  atomic.Int64 // handlers' average run time, ns
+	finished atomic.Int64 // handlers returned
+	caughtUp atomic.Bool  // the last read found fewer new entries than it asked for
+	// finishedAtRead is finished when the last read was sent; read loop only.
+	finishedAtRead int64
+
 	mu       sync.Mutex
 	inflight map[string]*task
 

@@ -1261,3 +1261,52 @@ func TestConsumer_LongErrorIsTruncated(t *testing.T) {
 		t.Errorf("LastError has %d bytes (%.20q...); want the first 4096 bytes and a truncation mark", len(got), got)
 	}
 }
+
+// With the default Prefetch the consumer reads fast jobs in large batches,
+// but once its jobs stop finishing (here: every handler blocks) it holds no
+// more than Concurrency plus Prefetch entries, leaving the rest to other
+// consumers of the group, even right after a burst of fast jobs.
+func TestConsumer_defaultPrefetchAfterFastJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.cfg.Concurrency = 3
+	const fast, slow = 300, 40
+	release := make(chan struct{})
+	releaseAll := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseAll)
+	started := make(chan struct{}, slow)
+	c := consumer.New(b.rdb, b.cfg).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		if j.Type != "slow" {
+			return nil
+		}
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}))
+	start(t, c)
+	for i := range fast {
+		b.enqueue(t, "fast", i)
+	}
+	waitFor(t, 10*time.Second, "the fast jobs acknowledged", func() bool { return c.Stats().Acked == fast })
+	for i := range slow {
+		b.enqueue(t, "slow", i)
+	}
+	for range 3 {
+		recv(t, started, 5*time.Second, "three slow jobs to start")
+	}
+	const held = 3 + 3 // Concurrency plus the default Prefetch
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		p, err := b.rdb.XPending(context.Background(), b.cfg.Stream, b.cfg.Group).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Count > held {
+			t.Fatalf("with three blocked handlers after %d fast jobs, %d entries pending; want at most %d", fast, p.Count, held)
+		}
+	}
+	releaseAll()
+	waitFor(t, 10*time.Second, "every job acknowledged", func() bool { return c.Stats().Acked == fast+slow })
+}

@@ -83,9 +83,68 @@ func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
 	}
 }
 
-// roomSize is how many fresh entries the consumer may hold at once, running
-// or queued for a worker: Concurrency plus Prefetch.
-func (c *Consumer) roomSize() int { return c.r.Concurrency + c.r.Prefetch }
+// fastRoom is how many fresh entries, running or queued, a consumer with
+// the default Prefetch may hold while its jobs are short: reads of about 50
+// entries (half the room, see takeRoom), where a read and an ack script
+// cost little per job (REDIS-NOTES §10).
+const fastRoom = 100
+
+// prefetchWait is how long, at most, the default Prefetch lets a queued
+// job wait for a worker on average: the room grows beyond Concurrency plus
+// Prefetch only while that many queued jobs would run within it.
+const prefetchWait = 5 * time.Millisecond
+
+// roomSize is the most fresh entries the consumer may hold at once, running
+// or queued for a worker: Concurrency plus Prefetch, or with the default
+// Prefetch what short jobs earn (see roomLimit).
+func (c *Consumer) roomSize() int { return c.r.Concurrency + c.r.prefetchMax }
+
+// roomLimit is how many fresh entries the consumer holds at most now:
+// Concurrency plus Prefetch; with the default Prefetch, as many more (up to
+// roomSize) as its workers run within prefetchWait at the handlers' recent
+// average run time, and no more than twice as many more as jobs finished
+// since the last read: fast jobs are read in large batches, and jobs that
+// are slow, or stop finishing, are not held from other consumers (a burst
+// after an idle spell is read at Concurrency plus Prefetch first).
+func (c *Consumer) roomLimit() int {
+	size, base := c.roomSize(), c.r.Concurrency+c.r.Prefetch
+	if size == base {
+		return size
+	}
+	avg := time.Duration(c.jobTime.Load())
+	if avg <= 0 {
+		return base // no job has finished yet
+	}
+	byTime := int64(c.r.Concurrency) + int64(c.r.Concurrency)*int64(prefetchWait)/int64(avg)
+	byDone := int64(base) + 2*(c.finished.Load()-c.finishedAtRead)
+	return int(min(int64(size), max(int64(base), min(byTime, byDone))))
+}
+
+// noteRunTime adds a handler's run time to the running average roomLimit
+// reads (an exponential moving average; concurrent updates may lose one),
+// and counts a finished job.
+func (c *Consumer) noteRunTime(d time.Duration) {
+	c.finished.Add(1)
+	old := c.jobTime.Load()
+	if old == 0 {
+		c.jobTime.Store(max(int64(d), 1))
+		return
+	}
+	c.jobTime.Store(max(old+(int64(d)-old)/8, 1))
+}
+
+// fitRoom parks room tokens, or frees parked ones, so that the room the
+// read loop may take matches roomLimit. Only the read loop calls it.
+func (c *Consumer) fitRoom() {
+	want := c.roomSize() - c.roomLimit()
+	switch {
+	case c.parked > want:
+		c.freeRoom(c.parked - want)
+		c.parked = want
+	case c.parked < want:
+		c.parked += tryTake(c.room, want-c.parked)
+	}
+}
 
 // freeRoom returns n places in the workers' queue.
 func (c *Consumer) freeRoom(n int) {
@@ -95,13 +154,14 @@ func (c *Consumer) freeRoom(n int) {
 }
 
 // takeRoom takes places for the entries of the next read: at least one,
-// waiting for it, and as many more as are free. While fresh jobs are still
+// waiting for it, and as many more as are free within roomLimit. While fresh jobs are still
 // queued for the workers (so no worker waits for the read), it waits until
 // half of the room is free, so that reads come in batches instead of one per
 // finished job. It returns 0 and true when the next sweep is due first, and
 // 0 and false when ctx is done.
 func (c *Consumer) takeRoom(ctx context.Context, until time.Time) (int, bool) {
-	size := c.roomSize()
+	c.fitRoom()
+	size := c.roomSize() - c.parked
 	n := tryTake(c.room, size)
 	var timer *time.Timer
 	defer func() {
@@ -170,6 +230,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 	c.gate.RLock()
 	defer c.gate.RUnlock()
 	at := time.Now()
+	c.finishedAtRead = c.finished.Load()
 	c.health.readSent(at)
 	res, err := reader.read(ctx, &redis.XReadGroupArgs{
 		Group:    c.r.Group,
@@ -192,6 +253,7 @@ func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep
 		msgs = res[0].Messages
 	}
 	c.freeRoom(n - len(msgs))
+	c.caughtUp.Store(len(msgs) < n)
 	if ctx.Err() != nil {
 		// Read after the stop: give the entries back for the next sweep.
 		ids := make([]string, len(msgs))

@@ -72,42 +72,124 @@ func (c *Consumer) forgetSettled(id string) {
 	}
 }
 
-// ackLoop acknowledges finished jobs in batches: it takes what is queued at
-// each turn, so a busy consumer sends one script per many jobs and an idle
-// one acknowledges at once.
+// The ack loop's batching. A batch waits up to ackLinger for more finished
+// jobs while it holds fewer than half of the jobs in flight (running,
+// queued or waiting for this batch), so that a consumer whose jobs finish
+// together sends one script for many of them instead of one per few, and
+// an idle one acknowledges within ackLinger. The trim of settled entries
+// (the second half of ack.lua) runs once ackTrimEvery entries have been
+// settled since the last one, when the batch settles the last jobs in
+// flight and the last read found the stream caught up, or ackTrimAfter
+// after the first of fewer:
+// trimming removes whole stream nodes of about 100 entries, so trimming at
+// every small batch cost Redis CPU and removed nothing more.
+const (
+	ackLinger    = time.Millisecond
+	ackTrimEvery = 100
+	ackTrimAfter = 100 * time.Millisecond
+)
+
+// ackLoop acknowledges finished jobs in batches (see ackLinger), and trims
+// the entries settled (see ackTrimEvery).
 func (c *Consumer) ackLoop(stop <-chan struct{}) {
 	defer close(c.ackDone)
 	batch := make([]ackItem, 0, maxAckBatch)
+	// settled: entries acknowledged or settled by another script since the
+	// last trim; the trim's candidates for deletion (see ack.lua).
+	var settled []string
+	trimDue := time.NewTimer(time.Hour)
+	trimDue.Stop()
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	flush := func(trim bool) {
+		had := len(settled) > 0
+		acks := 0
+		for _, it := range batch {
+			if !it.forget {
+				acks++
+			}
+		}
+		c.mu.Lock()
+		// Nothing else to settle, nothing more to read: trim now.
+		idle := len(c.inflight) <= acks && c.caughtUp.Load()
+		c.mu.Unlock()
+		trim = trim || idle || len(settled)+len(batch) >= ackTrimEvery
+		settled = c.flushAcks(batch, settled, trim)
+		batch = batch[:0]
+		if n := len(settled); n > maxAckBatch {
+			// Trims keep failing: the oldest candidates are left to the
+			// MINID trim, so that one script's arguments stay bounded.
+			settled = settled[:copy(settled, settled[n-maxAckBatch:])]
+		}
+		switch {
+		case len(settled) == 0:
+			trimDue.Stop()
+		case !had || trim: // new candidates, or a trim that failed: try again
+			trimDue.Reset(ackTrimAfter)
+		}
+	}
 	for {
 		select {
 		case it := <-c.ackCh:
 			batch = append(batch, it)
+		case <-trimDue.C:
+			flush(true)
+			continue
 		case <-stop:
 			for {
 				select {
 				case it := <-c.ackCh:
 					batch = append(batch, it)
 					if len(batch) == maxAckBatch {
-						c.flushAcks(batch)
-						batch = batch[:0]
+						flush(false)
 					}
 				default:
-					c.flushAcks(batch)
+					flush(true)
 					return
 				}
 			}
 		}
-	fill:
-		for len(batch) < maxAckBatch {
-			select {
-			case it := <-c.ackCh:
-				batch = append(batch, it)
-			default:
-				break fill
-			}
+		c.fillAcks(&batch, linger, stop)
+		flush(false)
+	}
+}
+
+// fillAcks adds to batch what the ack loop has queued, then waits for more
+// while batch holds fewer than half of the jobs in flight, for at most
+// ackLinger.
+func (c *Consumer) fillAcks(batch *[]ackItem, linger *time.Timer, stop <-chan struct{}) {
+	lingering := false
+	defer func() {
+		if lingering {
+			linger.Stop()
 		}
-		c.flushAcks(batch)
-		batch = batch[:0]
+	}()
+	for len(*batch) < maxAckBatch {
+		select {
+		case it := <-c.ackCh:
+			*batch = append(*batch, it)
+			continue
+		default:
+		}
+		c.mu.Lock()
+		want := min((len(c.inflight)+1)/2, maxAckBatch)
+		c.mu.Unlock()
+		if len(*batch) >= want {
+			return
+		}
+		if !lingering {
+			lingering = true
+			linger.Reset(ackLinger)
+		}
+		select {
+		case it := <-c.ackCh:
+			*batch = append(*batch, it)
+		case <-linger.C:
+			lingering = false
+			return
+		case <-stop:
+			return
+		}
 	}
 }
 
@@ -115,19 +197,26 @@ func (c *Consumer) ackLoop(stop <-chan struct{}) {
 // transient errors until SettleTimeout. Jobs it cannot acknowledge stay
 // pending. A job whose entry is no longer pending when the script runs
 // again after an error was acknowledged by the first run, whose reply was
-// lost.
-func (c *Consumer) flushAcks(items []ackItem) {
-	if len(items) == 0 {
-		return
+// lost. With trim (and not Config.KeepSettled) the script also trims the
+// stream, with settled, entries settled since the last trim, as candidates
+// for deletion; it returns the candidates for the next trim: settled and
+// the entries items settled, or none once trimmed.
+func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []string {
+	trim = trim && !c.r.KeepSettled
+	if len(items) == 0 && (!trim || len(settled) == 0) {
+		return settled
 	}
 	ids := make([]string, 0, len(items))
-	var forget []string
+	forget := settled
 	for _, it := range items {
 		if it.forget {
 			forget = append(forget, it.id)
 		} else {
 			ids = append(ids, it.id)
 		}
+	}
+	if len(ids) == 0 && !trim {
+		return forget // nothing to acknowledge: the candidates wait for the trim
 	}
 	defer func() {
 		c.mu.Lock()
@@ -145,17 +234,19 @@ func (c *Consumer) flushAcks(items []ackItem) {
 			hi = id
 		}
 	}
-	del := "1"
-	if c.r.KeepSettled {
-		del = "0"
+	del := "0"
+	if trim {
+		del = "1"
 	}
-	args := make([]any, 0, 6+len(items))
+	args := make([]any, 0, 6+len(ids)+len(forget))
 	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), lo, hi)
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	for _, id := range forget {
-		args = append(args, id)
+	if trim {
+		for _, id := range forget {
+			args = append(args, id)
+		}
 	}
 	ctx, cancel := c.settleContext()
 	defer cancel()
@@ -183,7 +274,17 @@ func (c *Consumer) flushAcks(items []ackItem) {
 			if c.r.Logger.Enabled(c.base, slog.LevelDebug) {
 				c.logDone(ids, append(stale, gone...))
 			}
-			return
+			if trim || c.r.KeepSettled {
+				return forget[:0]
+			}
+			// What this consumer acknowledged waits for the next trim; an
+			// entry another consumer owns now is not settled.
+			for _, id := range ids {
+				if !slices.Contains(stale, id) {
+					forget = append(forget, id)
+				}
+			}
+			return forget
 		}
 		if err == nil {
 			err = fmt.Errorf("unexpected reply %v", res)
@@ -191,7 +292,10 @@ func (c *Consumer) flushAcks(items []ackItem) {
 		if !b.wait(ctx) {
 			c.errLog.error("acknowledging finished jobs failed; they stay pending and will run again", err,
 				"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer, "count", len(ids))
-			return
+			if c.r.KeepSettled {
+				return forget[:0]
+			}
+			return forget
 		}
 	}
 }

@@ -87,10 +87,12 @@ type bench struct {
 	rate       int
 	latencyFor time.Duration
 	prof       *profileReq // profile the next measured run
+	prefetch   int         // Config.Prefetch of the Pelican consumers (0: the default)
 }
 
 func main() {
 	addr := flag.String("addr", envOr("REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
+	prefetch := flag.Int("prefetch", 0, "Config.Prefetch of the Pelican consumers (0: the default, Concurrency)")
 	pool := flag.Int("pool", 0, "go-redis PoolSize (0: the go-redis default, 10 per GOMAXPROCS)")
 	jobs := flag.Int("jobs", 200000, "jobs per run of a throughput phase")
 	rounds := flag.Int("rounds", 3, "rounds of floor and Pelican, alternating")
@@ -130,7 +132,7 @@ func main() {
 		phases[p] = true
 	}
 
-	b := &bench{addr: *addr, pool: *pool, runID: fmt.Sprintf("%08x", rand.Uint32()), n: *jobs, rate: *rate, latencyFor: *latencyFor}
+	b := &bench{addr: *addr, pool: *pool, runID: fmt.Sprintf("%08x", rand.Uint32()), n: *jobs, rate: *rate, latencyFor: *latencyFor, prefetch: *prefetch}
 	if id := os.Getenv(envRunID); id != "" {
 		b.runID = id
 	}

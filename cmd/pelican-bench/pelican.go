@@ -137,7 +137,7 @@ func (b *bench) pelicanConsume(ctx context.Context, tag string, v variant) resul
 	})
 	mws, closeChain := b.chain(tag, v.chain)
 	defer closeChain()
-	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: pelicanGroup, Concurrency: v.conc, Logger: quiet()}).
+	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: pelicanGroup, Concurrency: v.conc, Prefetch: b.prefetch, Logger: quiet()}).
 		Use(mws...).Handle(h)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -208,7 +208,7 @@ func (b *bench) pelicanLatency(ctx context.Context, tag string, conc int) result
 	defer b.cleanupRun(ctx, tag)
 	total := b.latencyJobs()
 	set, lat := newJobSet(total+1).withIDs(), newLatencies(total)
-	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: pelicanGroup, Concurrency: conc, Logger: quiet()}).
+	c := consumer.New(b.rdb, consumer.Config{Stream: s, Group: pelicanGroup, Concurrency: conc, Prefetch: b.prefetch, Logger: quiet()}).
 		Handle(consumer.HandlerFunc(func(_ context.Context, j *stream.Job) error {
 			recordLatency(lat, j.Payload, j.Headers["sent"])
 			seeJob(set, j.Payload, j.ID)

@@ -1,0 +1,66 @@
+package consumer
+
+import (
+	"testing"
+	"time"
+)
+
+// With the default Prefetch the room grows while jobs are short and stays
+// at Concurrency plus Prefetch while they are slow or not yet measured; a
+// Prefetch set by the user is never changed.
+func TestConsumer_roomLimit(t *testing.T) {
+	t.Parallel()
+	setup := func(t *testing.T, cfg Config) *Consumer {
+		t.Helper()
+		cfg.Stream, cfg.Group, cfg.Consumer = "s", "g", "c"
+		r, err := cfg.resolve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &Consumer{r: r}
+	}
+	t.Run("default", func(t *testing.T) {
+		t.Parallel()
+		c := setup(t, Config{})
+		if got, want := c.roomSize(), fastRoom; got != want {
+			t.Fatalf("roomSize = %d, want %d", got, want)
+		}
+		if got, want := c.roomLimit(), 2*DefaultConcurrency; got != want {
+			t.Errorf("before any job: roomLimit = %d, want %d (Concurrency + Prefetch)", got, want)
+		}
+		for range 50 {
+			c.noteRunTime(20 * time.Microsecond)
+		}
+		if got := c.roomLimit(); got != fastRoom {
+			t.Errorf("20 µs jobs: roomLimit = %d, want %d", got, fastRoom)
+		}
+		for range 100 {
+			c.noteRunTime(time.Millisecond)
+		}
+		if got, want := c.roomLimit(), DefaultConcurrency+DefaultConcurrency*int(prefetchWait/time.Millisecond); got < want-2 || got > want+2 {
+			t.Errorf("1 ms jobs: roomLimit = %d, want about %d", got, want)
+		}
+		for range 100 {
+			c.noteRunTime(100 * time.Millisecond)
+		}
+		if got, want := c.roomLimit(), 2*DefaultConcurrency; got != want {
+			t.Errorf("100 ms jobs: roomLimit = %d, want %d (Concurrency + Prefetch)", got, want)
+		}
+	})
+	t.Run("large Concurrency", func(t *testing.T) {
+		t.Parallel()
+		c := setup(t, Config{Concurrency: 80})
+		c.noteRunTime(time.Microsecond)
+		if got, want := c.roomLimit(), 160; got != want {
+			t.Errorf("roomLimit = %d, want %d (never below Concurrency + Prefetch)", got, want)
+		}
+	})
+	for _, prefetch := range []int{-1, 3} {
+		c := setup(t, Config{Prefetch: prefetch})
+		c.noteRunTime(time.Microsecond)
+		want := DefaultConcurrency + max(prefetch, 0)
+		if got := c.roomLimit(); got != want || c.roomSize() != want {
+			t.Errorf("Prefetch %d: roomLimit = %d, roomSize = %d, want %d", prefetch, got, c.roomSize(), want)
+		}
+	}
+}
