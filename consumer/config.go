@@ -200,8 +200,10 @@ type Config struct {
 	// backoff it uses during an outage (50ms doubling to 2s, jittered) and
 	// logs the error at most once per 10s; cancelling its context or calling
 	// Shutdown ends the wait at once, and Run returns nil. When StartTimeout
-	// passes, Run returns the last error. Negative: fail fast, Run returns
-	// the first error. Errors that waiting cannot fix end the wait at once
+	// passes, Run returns the last attempt's error, or, when no attempt has
+	// answered yet (go-redis may still be retrying its dial), an error
+	// saying that Redis did not answer within StartTimeout. Negative: fail
+	// fast, Run returns the first error. Errors that waiting cannot fix end the wait at once
 	// whatever this says: the replies WRONGTYPE (the stream key holds
 	// another type), NOAUTH, WRONGPASS, NOPERM and "unknown command", and a
 	// closed client. Defaults to 0: no limit.

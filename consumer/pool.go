@@ -213,7 +213,8 @@ func (opts QueueOptions) resolve(n int) (QueueOptions, error) {
 // must be 0) and QueueOptions (Max at most the pool's Concurrency, Min at
 // most Max, Weight from 1 to 1,000,000, the Mins adding up to at most the
 // pool's Concurrency), no two queues of the same stream and group, a
-// handler for each. Run checks it before it touches Redis.
+// handler for each and no [Invalid] middleware on any. Run checks it before
+// it touches Redis.
 func (p *Pool) Validate() error {
 	_, err := p.resolve()
 	return err
@@ -248,6 +249,11 @@ func (p *Pool) resolve() ([]QueueOptions, error) {
 		}
 		if q.c.handler == nil {
 			return bad(errors.New("no handler: call Queue.Handle before Run"))
+		}
+		// A middleware's configuration error (Invalid) fails the pool
+		// before any queue touches Redis, not only the queue it is on.
+		if _, err := buildChain(q.c.handler, q.c.mws); err != nil {
+			return bad(err)
 		}
 		key := [2]string{cfg.Stream, cfg.Group}
 		if j, dup := seen[key]; dup {
