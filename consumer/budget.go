@@ -30,7 +30,7 @@ type budget struct {
 	// alone are the suspects waiting to run alone in the pool (see
 	// acquireAll), first come first served; while one waits, no slot is
 	// granted to anything else.
-	alone []*slotWaiter
+	alone  []*slotWaiter
 	shares []*share
 	// lacking is the sum over shares of max(0, min-used): slots reserved
 	// for queues below their Min.

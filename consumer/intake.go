@@ -288,6 +288,13 @@ func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Ti
 func (c *Consumer) readError(ctx context.Context, err error, b *backoff) {
 	c.stats.readErrors.Add(1)
 	c.recoverGroup(ctx, err)
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		// go-redis reloads its slot map on MOVED and every
+		// ClusterStateReloadInterval (60 s by default), not when a node stops
+		// answering: after a failover the dead master's slots would stay
+		// unreachable until then. The backoff below bounds how often.
+		cc.ReloadState(ctx)
+	}
 	if ctx.Err() == nil { // not an error of the consumer's own stop
 		c.errLog.error("reading from Redis failed; backing off", err, "stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer)
 	}

@@ -77,7 +77,12 @@ func workerMain() int {
 		return 2
 	}
 	defer ledger.Close()
-	rdb := redis.NewClusterClient(clusterOptions(strings.Split(os.Getenv("PARTITION_ADDRS"), ",")))
+	// The consumers keep go-redis's default reload interval (60 s): they
+	// reload the slot map themselves when reads fail, so the promoted
+	// node's partitions run again long before it (seen red without that).
+	opts := clusterOptions(strings.Split(os.Getenv("PARTITION_ADDRS"), ","))
+	opts.ClusterStateReloadInterval = 0
+	rdb := redis.NewClusterClient(opts)
 	defer rdb.Close()
 	redis.SetLogger(quiet{})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
