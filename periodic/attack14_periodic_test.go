@@ -1148,3 +1148,53 @@ func TestAttack14_processesSIGKILL(t *testing.T) {
 	}
 	t.Logf("%d jobs, %d ticks missing between the first and the last", len(es), gaps)
 }
+
+// TestAttack14_rollingDeployRedefinition runs two definitions of one name
+// side by side (Every 1 s with payload "old", Every 2 s with payload "new"):
+// a tick both have is enqueued once, the odd seconds by the old definition's
+// scheduler only, and ticks never go backwards.
+func TestAttack14_rollingDeployRedefinition(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	name := atkStream(t, rdb)
+	stopOld := runSched(t, rdb, periodic.Config{Stream: name, Schedules: []periodic.Schedule{{Name: "d", Type: "t", Every: time.Second, Payload: []byte(`"old"`)}}})
+	c := redis.NewClient(&redis.Options{Addr: redistest.Addr()})
+	t.Cleanup(func() { c.Close() })
+	stopNew := runSched(t, c, periodic.Config{Stream: name, Schedules: []periodic.Schedule{{Name: "d", Type: "t", Every: 2 * time.Second, Payload: []byte(`"new"`)}}})
+	waitCount(t, rdb, name, "d", 6, 60*time.Second)
+	stopOld()
+	stopNew()
+	es := atkEntries(t, rdb, name)
+	checkInvariants(t, es, map[string]int64{"d": 1000}, map[string]int64{"d": 1000})
+	for _, e := range es {
+		if p := string(e.job.Payload); e.tick%2000 != 0 && p != `"old"` {
+			t.Errorf("odd tick %s enqueued with payload %s, only the old definition has it", e.job.ID, p)
+		}
+	}
+}
+
+// TestAttack14_streamNames: a stream with its own hash tag and one without
+// both get their jobs, and the record lands where stream.KeysFor says.
+func TestAttack14_streamNames(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	base := redistest.Name(t)
+	for _, name := range []string{"{" + base + "}:jobs", base + "-plain"} {
+		k := atkKeys(t, name)
+		t.Cleanup(func() {
+			redistest.DeleteKeys(rdb, name)
+			redistest.DeleteKeys(rdb, k.Periodic+"*")
+		})
+		runSched(t, rdb, periodic.Config{Stream: name, Schedules: []periodic.Schedule{{Name: "s", Type: "t", Every: time.Second}}})
+		waitCount(t, rdb, name, "s", 1, 30*time.Second)
+		if v, err := rdb.HGet(context.Background(), k.Periodic+"last", "s").Result(); err != nil {
+			t.Errorf("stream %s: no record at %s: %v", name, k.Periodic+"last", err)
+		} else if _, err := strconv.ParseInt(v, 10, 64); err != nil {
+			t.Errorf("record %q is not Unix ms", v)
+		}
+		recs, err := periodic.Records(context.Background(), rdb, name)
+		if err != nil || len(recs) != 1 || recs[0].Name != "s" || recs[0].LastTick.IsZero() {
+			t.Errorf("Records(%s) = %+v, %v", name, recs, err)
+		}
+	}
+}
