@@ -3,6 +3,7 @@ package periodic
 import (
 	"errors"
 	"fmt"
+	"github.com/pelicanqueue/pelican/stream"
 	"strings"
 	"time"
 
@@ -159,6 +160,26 @@ func compile(s Schedule) (*entry, error) {
 	case s.Every != 0 && s.Location != nil:
 		return nil, field("Location", "is set with Every; it applies to Cron only")
 	}
+	if _, ok := s.Headers[""]; ok {
+		return nil, field("Headers", "has an empty name (its field %q would not read back as a header)", stream.HeaderPrefix)
+	}
+	// Every tick's job must be one a consumer can decode: the entry's
+	// fields and values, counted as stream.Decode counts them.
+	size := 0
+	for _, f := range stream.Encode(&stream.Job{ID: JobID(s.Name, time.Unix(0, 0)), IdempotencyKey: JobID(s.Name, time.Unix(0, 0)),
+		Type: s.Type, Payload: s.Payload, ContentType: s.ContentType, MaxAttempts: s.MaxAttempts, LockKey: s.LockKey, Headers: s.Headers}) {
+		switch v := f.(type) {
+		case string:
+			size += len(v)
+		case []byte:
+			size += len(v)
+		default:
+			size += len(fmt.Sprint(v))
+		}
+	}
+	if size > stream.DefaultMaxEntryBytes {
+		return nil, field("Payload", "with Type and Headers makes an entry of %d bytes, over stream.DefaultMaxEntryBytes (%d), which consumers refuse", size, stream.DefaultMaxEntryBytes)
+	}
 	if s.Cron == "" {
 		return e, nil
 	}
@@ -170,7 +191,13 @@ func compile(s Schedule) (*entry, error) {
 	if zoned && s.Location != nil {
 		return nil, field("Location", "is set and Cron (%.60q) names a time zone; set one", s.Cron)
 	}
-	parsed, err := cronParser.Parse(text)
+	if zoned {
+		// The parser panics on a time zone with no fields after it.
+		if i := strings.IndexAny(text, " \t"); i < 0 || strings.TrimSpace(text[i:]) == "" {
+			return nil, field("Cron", "(%.60q) names a time zone and no schedule", s.Cron)
+		}
+	}
+	parsed, err := parseCron(text)
 	if err != nil {
 		return nil, field("Cron", "(%.60q) does not parse: %v", s.Cron, err)
 	}
@@ -272,4 +299,15 @@ func floorDiv(a, b int64) int64 {
 		q--
 	}
 	return q
+}
+
+// parseCron parses text with the cron library, turning a panic of the
+// library on input it did not foresee into an error.
+func parseCron(text string) (sched cron.Schedule, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			sched, err = nil, fmt.Errorf("the cron parser failed on it (%v)", r)
+		}
+	}()
+	return cronParser.Parse(text)
 }

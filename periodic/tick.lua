@@ -52,6 +52,12 @@ if (st ~= 'stream' and st ~= 'none') or (rt ~= 'hash' and rt ~= 'none') then
   return redis.error_reply('WRONGTYPE tick.lua: the stream or the schedule records hold the wrong kind of value')
 end
 local last = redis.call('HGET', KEYS[3], ARGV[5])
+-- A record is a tick's Unix ms: digits only, at most 15 (a float such as
+-- "inf" or "1e400" written by something else would hold every tick back
+-- forever). Anything else counts as no record, and is overwritten.
+if last and not (string.match(last, '^%d+$') and #last <= 15) then
+  last = false
+end
 last = last and tonumber(last)
 if last and last >= tick then
   return {'stale', now}

@@ -55,7 +55,11 @@ until it is deleted (HDEL {<stream>}:periodic:last <name>).`,
 						tb.Row(shown(r.Name), nil, nil, nil)
 						continue
 					}
-					tb.Row(shown(r.Name), r.LastTick.Format("2006-01-02 15:04:05.000"), now.Sub(r.LastTick), r.JobID)
+					var age any = now.Sub(r.LastTick)
+					if r.LastTick.After(now) {
+						age = "ahead of the Redis clock" // written by something else
+					}
+					tb.Row(shown(r.Name), r.LastTick.Format("2006-01-02 15:04:05.000"), age, r.JobID)
 				}
 				return tb.Flush()
 			})
