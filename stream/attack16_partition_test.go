@@ -299,7 +299,6 @@ func TestAttack16_partitionOfIndependent(t *testing.T) {
 // TestAttack16_partitionOfHugeN: PartitionOf is documented as crc32(key)
 // mod n, 0 for n below 2, with no upper bound on n.
 func TestAttack16_partitionOfHugeN(t *testing.T) {
-	t.Skip("FINDING: stream.PartitionOf(key, n) panics (integer divide by zero) for n = 1<<32 or any multiple of it, and is wrong for n > 1<<32 (crc mod uint32(n))")
 	for _, n := range []int{1 << 32, 1<<32 + 5, 1 << 33} {
 		func() {
 			defer func() {
@@ -351,7 +350,7 @@ func a16Entries(t *testing.T, rdb *redis.Client, streams []string) map[string]ma
 	return out
 }
 
-func TestAttack16_routeKeyedAndRoundRobin(t *testing.T) {
+func TestAttack16_routeKeyedAndKeyless(t *testing.T) {
 	p, _ := a16Producer(t, stream.PartitionedProducerConfig{Partitions: 7})
 	for _, k := range []string{"customer-42", "café", "", "x"} {
 		j := &stream.Job{Type: "t", IdempotencyKey: k}
@@ -364,19 +363,16 @@ func TestAttack16_routeKeyedAndRoundRobin(t *testing.T) {
 			}
 		}
 	}
-	// Keyless: consecutive calls advance by one; keyed calls in between do not.
-	prev := p.Route(&stream.Job{Type: "t"})
+	// Keyless: a job routes by its job ID (docs: the same job always to the
+	// same partition), and keyless jobs spread evenly. (The outside test
+	// first checked round robin, as the docs then said; routing by ID is
+	// what fixed TestAttack16_rescheduleKeyless.)
 	for i := range 50 {
-		if i%3 == 0 {
-			p.Route(&stream.Job{Type: "t", IdempotencyKey: "k" + strconv.Itoa(i)})
+		j := &stream.Job{Type: "t", ID: "job-" + strconv.Itoa(i)}
+		if got, want := p.Route(j), stream.PartitionOf(j.ID, 7); got != want || p.Route(j) != got {
+			t.Fatalf("keyless job %s routed to %d, want %d every time", j.ID, got, want)
 		}
-		got := p.Route(&stream.Job{Type: "t"})
-		if got != (prev+1)%7 {
-			t.Fatalf("keyless Route went %d -> %d, want the next partition", prev, got)
-		}
-		prev = got
 	}
-	// Concurrent keyless routes share out exactly evenly.
 	counts := make([]int, 7)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -386,7 +382,11 @@ func TestAttack16_routeKeyedAndRoundRobin(t *testing.T) {
 			defer wg.Done()
 			local := make([]int, 7)
 			for range 7 * 250 {
-				local[p.Route(&stream.Job{Type: "t"})]++
+				j := &stream.Job{Type: "t"}
+				local[p.Route(j)]++
+				if j.ID == "" {
+					t.Error("Route left a keyless job without an ID")
+				}
 			}
 			mu.Lock()
 			for i, c := range local {
@@ -397,8 +397,8 @@ func TestAttack16_routeKeyedAndRoundRobin(t *testing.T) {
 	}
 	wg.Wait()
 	for i, c := range counts {
-		if c != 8*250 {
-			t.Fatalf("concurrent round robin: partition %d got %d of %d, want exactly %d (%v)", i, c, 8*7*250, 8*250, counts)
+		if c < 8*250*6/10 || c > 8*250*14/10 {
+			t.Fatalf("keyless jobs: partition %d got %d of %d, want about %d (%v)", i, c, 8*7*250, 8*250, counts)
 		}
 	}
 }
@@ -454,8 +454,8 @@ func TestAttack16_batchScatterGather(t *testing.T) {
 		}
 	}
 	for _, s := range p.Streams() {
-		if perPart[s] != 500/12 && perPart[s] != 500/12+1 {
-			t.Errorf("keyless jobs of one batch are not round robin: %s got %d of 500", s, perPart[s])
+		if perPart[s] < 500/12*4/10 || perPart[s] > 500/12*16/10 {
+			t.Errorf("keyless jobs of one batch are not spread: %s got %d of 500, want about %d", s, perPart[s], 500/12)
 		}
 	}
 }
@@ -463,7 +463,6 @@ func TestAttack16_batchScatterGather(t *testing.T) {
 // TestAttack16_batchPartitionOfKeyless checks the EnqueueBatch doc: "its
 // partition is Streams()[Route]" for every job, keyless ones included.
 func TestAttack16_batchPartitionOfKeyless(t *testing.T) {
-	t.Skip("FINDING: EnqueueBatch's doc says a job's partition is Streams()[Route(job)], but Route advances the round robin for keyless jobs, so a caller cannot learn where a keyless job (or one whose outcome is unknown) went")
 	p, rdb := a16Producer(t, stream.PartitionedProducerConfig{Partitions: 4})
 	var jobs []*stream.Job
 	for i := range 5 { // not a multiple of the partition count
@@ -541,7 +540,6 @@ func TestAttack16_enqueueOnceAcrossPartitions(t *testing.T) {
 // goes round robin, so each repeat lands in another partition and is added
 // again: enqueue-once silently stops working, with no validation error.
 func TestAttack16_onceKeyNotRouted(t *testing.T) {
-	t.Skip("FINDING: PartitionedProducer routes by IdempotencyKey, not by ProducerConfig.OnceKey: with OnceKey set, a repeated enqueue goes round robin to another partition and is added again (enqueue-once silently broken, Validate accepts it)")
 	p, rdb := a16Producer(t, stream.PartitionedProducerConfig{Partitions: 4, Producer: stream.ProducerConfig{
 		EnqueueOnce: time.Minute,
 		OnceKey:     func(j *stream.Job) string { return j.Headers["row"] },
@@ -566,7 +564,6 @@ func TestAttack16_onceKeyNotRouted(t *testing.T) {
 // Producer; through a PartitionedProducer a keyless job scheduled again goes
 // to the next partition, and a copy is added.
 func TestAttack16_rescheduleKeyless(t *testing.T) {
-	t.Skip("FINDING: PartitionedProducer.EnqueueIn/EnqueueAt of the same keyless job (same ID and fields) again adds a second copy in another partition instead of moving its time: the job runs twice")
 	p, rdb := a16Producer(t, stream.PartitionedProducerConfig{Partitions: 4})
 	ctx := context.Background()
 	for range 3 {
@@ -679,7 +676,6 @@ func TestAttack16_badJobs(t *testing.T) {
 
 // TestAttack16_routeNil: Enqueue(nil) is an error, Route(nil) a panic.
 func TestAttack16_routeNil(t *testing.T) {
-	t.Skip("FINDING: PartitionedProducer.Route(nil) panics with a nil pointer dereference (Enqueue(nil) returns an error)")
 	p, _ := a16Producer(t, stream.PartitionedProducerConfig{Partitions: 3})
 	defer func() {
 		if r := recover(); r != nil {

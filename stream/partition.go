@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,7 +42,7 @@ const maxSuffix = 1 << 22
 // (i+1)·16384/n) with integer division. The result is deterministic and
 // depends only on queue and n, so every client computes the same names;
 // [KeysFor] of each name gives the partition's own dead letters, delayed
-// set, locks and idempotency records ({orders~12~0~27}:dlq, ...).
+// set, locks and idempotency records ({orders~12~0~43}:dlq, ...).
 //
 // queue must be non-empty, without '{' or '}', and n between 1 and
 // [MaxPartitions].
@@ -82,7 +81,7 @@ func PartitionOf(key string, n int) int {
 	if n < 2 {
 		return 0
 	}
-	return int(crc32.ChecksumIEEE([]byte(key)) % uint32(n))
+	return int(uint64(crc32.ChecksumIEEE([]byte(key))) % uint64(n))
 }
 
 // ParsePartition reports whether name is a partition stream as
@@ -118,6 +117,7 @@ func checkPartitioned(queue string, n int) error {
 	if strings.ContainsAny(queue, "{}") {
 		return fmt.Errorf("stream: queue name %.64q must not contain braces: each partition has a hash tag of its own", queue)
 	}
+
 	if n < 1 || n > MaxPartitions {
 		return fmt.Errorf("stream: partition count %d must be between 1 and %d", n, MaxPartitions)
 	}
@@ -141,12 +141,14 @@ type PartitionedProducerConfig struct {
 	// Key returns the partition key of a job: jobs with the same key go to
 	// the same partition ([PartitionOf]), so they keep the order in which
 	// they were added as far as one stream keeps it; a job for which it
-	// returns "" goes to the next partition in turn (round robin, per
-	// producer). The partition's idempotency records, enqueue-once markers
-	// and locks are the partition's own ([KeysFor]): route every job of an
-	// idempotency key (and of a lock key, if locks must exclude each other)
-	// to one partition, as the default does. Defaults to the job's
-	// IdempotencyKey.
+	// returns "" goes to the partition of its job ID (given a new UUIDv7
+	// first when empty), so the same job always goes to the same
+	// partition (scheduling it again moves it) and jobs without a key
+	// spread evenly. The partition's idempotency records, enqueue-once
+	// markers and locks are the partition's own ([KeysFor]): route every
+	// job of an idempotency key (and of a lock key, if locks must exclude
+	// each other) to one partition, as the default does. Defaults to
+	// Producer.OnceKey when that is set, else the job's IdempotencyKey.
 	Key func(job *Job) string
 	// Partitions is the number of partitions, between 1 and
 	// [MaxPartitions]. Required.
@@ -184,14 +186,13 @@ func (cfg PartitionedProducerConfig) Validate() error {
 
 // PartitionedProducer adds jobs to the partitions of one logical queue
 // (see [Partitions]), each job to the partition of its key or, without a
-// key, to the next partition in turn. Each partition is written by its own
+// key, to the partition of its job ID. Each partition is written by its own
 // [Producer], so everything said there (outcomes of errors, enqueue once,
 // scheduling) holds per partition. It is safe for concurrent use.
 type PartitionedProducer struct {
 	cfg   PartitionedProducerConfig
 	names []string
 	parts []*Producer
-	next  atomic.Uint64
 }
 
 // NewPartitionedProducer returns a producer for cfg's queue. It returns
@@ -216,18 +217,30 @@ func NewPartitionedProducer(rdb redis.UniversalClient, cfg PartitionedProducerCo
 // Streams returns the partitions' stream names, in partition order.
 func (p *PartitionedProducer) Streams() []string { return append([]string(nil), p.names...) }
 
-// Route returns the partition job goes to: [PartitionOf] its key, or the
-// next partition in turn when it has none (each call without a key
-// advances the turn).
+// Route returns the partition job goes to: [PartitionOf] its key, or of
+// its job ID when it has no key (a job without an ID is given one, as
+// Enqueue would). The same job always routes to the same partition. A nil
+// job routes to partition 0.
 func (p *PartitionedProducer) Route(job *Job) int {
-	key := job.IdempotencyKey
-	if p.cfg.Key != nil {
+	if job == nil {
+		return 0
+	}
+	var key string
+	switch {
+	case p.cfg.Key != nil:
 		key = p.cfg.Key(job)
+	case p.cfg.Producer.OnceKey != nil:
+		key = p.cfg.Producer.OnceKey(job)
+	default:
+		key = job.IdempotencyKey
 	}
-	if key != "" {
-		return PartitionOf(key, len(p.parts))
+	if key == "" {
+		if err := p.parts[0].ensureID(job); err != nil {
+			return 0 // crypto/rand failed; Enqueue reports it
+		}
+		key = job.ID
 	}
-	return int((p.next.Add(1) - 1) % uint64(len(p.parts)))
+	return PartitionOf(key, len(p.parts))
 }
 
 // Enqueue adds job to its partition ([PartitionedProducer.Route]) and

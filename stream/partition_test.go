@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -210,24 +211,42 @@ func TestPartitionedProducer_routing(t *testing.T) {
 		t.Fatalf("%d jobs in the partitions, want 40", total)
 	}
 
-	// Without a key: round robin, n jobs per partition.
+	// Without a key: each job goes to the partition of its job ID, and a
+	// job scheduled again stays in its partition (moved, not copied).
 	q, rdb2 := newPartitioned(t, stream.PartitionedProducerConfig{Queue: "rr", Partitions: 3})
 	jobs := make([]*stream.Job, 30)
 	for i := range jobs {
-		jobs[i] = &stream.Job{Type: "t"}
+		jobs[i] = &stream.Job{Type: "t", ID: fmt.Sprintf("rr-%d", i)}
 	}
 	if _, err := q.EnqueueBatch(ctx, jobs); err != nil {
 		t.Fatal(err)
 	}
+	for _, j := range jobs {
+		s := q.Streams()[stream.PartitionOf(j.ID, 3)]
+		if n := len(rdb2.XRange(ctx, s, "-", "+").Val()); n == 0 {
+			t.Fatalf("job %s is not in %s, the partition of its ID", j.ID, s)
+		}
+	}
+	total = 0
+	for _, s := range q.Streams() {
+		total += int(rdb2.XLen(ctx, s).Val())
+	}
+	if total != 30 {
+		t.Errorf("%d jobs in the partitions, want 30", total)
+	}
+	again := &stream.Job{Type: "t", ID: "rr-scheduled"}
 	for range 3 {
-		if _, _, err := q.Enqueue(ctx, &stream.Job{Type: "t"}); err != nil {
+		if _, err := q.EnqueueIn(ctx, again, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
+	delayed := int64(0)
 	for _, s := range q.Streams() {
-		if n := rdb2.XLen(ctx, s).Val(); n != 11 {
-			t.Errorf("%s holds %d jobs, want 11 (33 round robin over 3)", s, n)
-		}
+		keys, _ := stream.KeysFor(s)
+		delayed += rdb2.ZCard(ctx, keys.Delayed).Val()
+	}
+	if delayed != 1 {
+		t.Errorf("a keyless job scheduled 3 times is in the delayed sets %d times, want 1", delayed)
 	}
 }
 

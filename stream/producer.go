@@ -190,14 +190,8 @@ func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) 
 	if job == nil || job.Type == "" {
 		return nil, errors.New("stream: job has no Type")
 	}
-	if job.ID == "" {
-		p.mu.Lock()
-		id, err := uuid.NewV7FromReader(p.rnd)
-		p.mu.Unlock()
-		if err != nil {
-			return nil, fmt.Errorf("stream: new job ID: %w", err)
-		}
-		job.ID = id.String()
+	if err := p.ensureID(job); err != nil {
+		return nil, err
 	}
 	if p.cfg.Prepare != nil {
 		p.cfg.Prepare(ctx, job)
@@ -223,4 +217,19 @@ func validOnceNamespace(ns string) bool {
 		}
 	}
 	return ns != ""
+}
+
+// ensureID sets job.ID to a new UUIDv7 when it is empty.
+func (p *Producer) ensureID(job *Job) error {
+	if job.ID != "" {
+		return nil
+	}
+	p.mu.Lock()
+	id, err := uuid.NewV7FromReader(p.rnd)
+	p.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("stream: new job ID: %w", err)
+	}
+	job.ID = id.String()
+	return nil
 }

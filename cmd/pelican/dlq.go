@@ -63,8 +63,9 @@ A stream that exists neither as <stream> nor as its dead-letter stream exits 4.
 
 A partitioned queue (stream.Partitions): --partitions N makes <stream> of ls,
 replay and purge the queue's name, and runs the command on each of its N
-partitions in turn (confirming each unless --yes); show takes the partition's
-stream, as ls prints it.`,
+partitions in turn (confirming each unless --yes); --limit and --after then
+apply to each partition, not to the queue as a whole. show takes the
+partition's stream, as ls prints it.`,
 	}
 	var partitions int
 	c.PersistentFlags().IntVar(&partitions, "partitions", 0, "ls, replay, purge: <stream> names a partitioned queue of this many partitions")
