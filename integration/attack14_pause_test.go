@@ -653,3 +653,110 @@ func TestAttack14Pause_cliBadArguments(t *testing.T) {
 		t.Errorf("a refused pause left %+v", st)
 	}
 }
+
+// A consumer whose Redis user may not SUBSCRIBE to the control channel
+// (docs/acl.md's consumer line without "+subscribe &{q}:control") runs,
+// says so in its logs, and still stops within the 5 s re-read after a
+// Pause, and starts again within it after Resume.
+func TestAttack14Pause_noSubscribePermission(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	admin := srv.Client(t)
+	s := "a14acl"
+	line := "ACL SETUSER c reset on >pw ~" + s + " ~{" + s + "}:* +xgroup|create +xgroup|delconsumer +xinfo|groups +xinfo|consumers +xreadgroup +xpending +xack +xautoclaim +xclaim +xrange +xadd +xdel +xtrim +xlen +zadd +zrangebyscore +zrem +get +set +del +time +evalsha +eval +incr +pexpire +pttl +hmget +hset +type +zremrangebyscore +zscore +zcard +zrange +hgetall +client|id +client|unblock +config|get +info"
+	args := []any{}
+	for _, w := range strings.Fields(line) {
+		args = append(args, w)
+	}
+	if err := admin.Do(t.Context(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	crdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "c", Password: "pw", MaxRetries: -1})
+	t.Cleanup(func() { crdb.Close() })
+	watch, _ := watchStalls(admin)
+	defer watch.Stop()
+	_, rec, errc := a14Consumer(t, crdb, s, "a", nil)
+	a14Feed(t, admin, s)
+	waitStarting(t, rec, time.Time{}, 30*time.Second, "at first")
+	if err := control.Pause(t.Context(), admin, s, control.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	const net = 5 * time.Second
+	last := quietFor(rec, paused, net+3*time.Second)
+	t.Logf("without SUBSCRIBE: last start %v after Pause", last.Sub(paused).Round(time.Millisecond))
+	if lag := last.Sub(paused); lag > net+1500*time.Millisecond+watch.Longest() {
+		t.Errorf("a job started %v after Pause on a consumer that may not subscribe, want within the 5 s re-read", lag)
+	}
+	select {
+	case err := <-errc:
+		t.Fatalf("Run returned: %v", err)
+	default:
+	}
+	resumed := time.Now()
+	if err := control.Resume(t.Context(), admin, s, control.ResumeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if first := waitStarting(t, rec, resumed, 30*time.Second, "after Resume"); first.Sub(resumed) > net+1500*time.Millisecond+watch.Longest() {
+		t.Errorf("jobs started %v after Resume, want within the 5 s re-read", first.Sub(resumed))
+	}
+	if logs := rec.logs.String(); !strings.Contains(strings.ToLower(logs), "subscri") {
+		t.Errorf("the consumer did not log that it may not subscribe:\n%s", tail(logs, 2000))
+	}
+}
+
+// Three consumer processes busy with a stream of short jobs (starts happen
+// all the time, so the last start measures the pause's reach): after Pause
+// has returned, no process starts a job later than about a second; nothing
+// starts while paused past the visibility timeout; held jobs are not
+// redelivered; after Resume every job runs once with no attempt counted.
+func TestAttack14Pause_threeProcesses(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t, nil, "")
+	watch, report := watchStalls(s.rdb)
+	defer report()
+	ids := s.enqueue(3000, behaviour{SleepMS: 20})
+	o := pauseWorkers
+	o.Concurrency = 3
+	for _, n := range []string{"a", "b", "c"} {
+		s.worker(n, o)
+	}
+	eventually(t, time.Minute, func() (bool, string) {
+		seen := map[string]bool{}
+		for _, e := range readLedger(t, s.ledger) {
+			seen[e.Consumer] = true
+		}
+		return len(seen) == 3, fmt.Sprintf("%d of 3 workers started a job", len(seen))
+	})
+	if err := control.Pause(t.Context(), s.rdb, s.stream, control.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	returned := time.Now()
+	for deadline := returned.Add(quietWindow); time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	var last time.Time
+	per := map[string]time.Time{}
+	for _, e := range readLedger(t, s.ledger) {
+		if e.Event == "start" && e.At.After(per[e.Consumer]) {
+			per[e.Consumer] = e.At
+			if e.At.After(last) {
+				last = e.At
+			}
+		}
+	}
+	for n, at := range per {
+		t.Logf("worker %s: last start %v after Pause returned", n, at.Sub(returned).Round(time.Millisecond))
+	}
+	if bound := 1500*time.Millisecond + watch.Longest(); last.Sub(returned) > bound {
+		t.Errorf("a job started %v after Pause returned, want within about a second (%v)", last.Sub(returned), bound)
+	}
+	if n := len(countEvents(readLedger(t, s.ledger), "start")); n >= len(ids) {
+		t.Skipf("all %d jobs started before the pause took effect: the scenario's precondition broke", n)
+	}
+	checkHeld(t, s)
+	if err := control.Resume(t.Context(), s.rdb, s.stream, control.ResumeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checkDoneOnce(t, s, ids)
+}
