@@ -760,3 +760,77 @@ func TestAttack14Pause_threeProcesses(t *testing.T) {
 	}
 	checkDoneOnce(t, s, ids)
 }
+
+// Pausing what is paused replaces its end, and every consumer follows the
+// new end: a pause until an hour from now cut short to a second ends then
+// (no message at the end), and a short timed pause extended to an hour does
+// not end at its old end. The same for a type's pause, while another type
+// runs.
+func TestAttack14Pause_replaceEnd(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	s, _ := a14Keys(t, rdb)
+	watch, _ := watchStalls(rdb)
+	defer watch.Stop()
+	_, rec, _ := a14Consumer(t, rdb, s, "a", nil)
+	a14Feed(t, rdb, s)
+	waitStarting(t, rec, time.Time{}, 30*time.Second, "at first")
+	ctx := t.Context()
+	redisNow := func() time.Time {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	// Shortened.
+	if err := control.Pause(ctx, rdb, s, control.PauseOptions{Until: redisNow().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the pause reaches the consumer
+	end := redisNow().Add(2 * time.Second)
+	if err := control.Pause(ctx, rdb, s, control.PauseOptions{Until: end}); err != nil {
+		t.Fatal(err)
+	}
+	first := waitStarting(t, rec, time.Now(), 30*time.Second, "after the shortened pause's end")
+	if late := first.Sub(end); late > 1500*time.Millisecond+watch.Longest() || late < -200*time.Millisecond {
+		t.Errorf("jobs started %v after the shortened pause's end, want at its end, within about a second", late)
+	}
+	// Extended.
+	if err := control.Pause(ctx, rdb, s, control.PauseOptions{Until: redisNow().Add(2500 * time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	extended := time.Now()
+	if err := control.Pause(ctx, rdb, s, control.PauseOptions{Until: redisNow().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if last := quietFor(rec, extended, 4*time.Second); last.Sub(extended) > 1500*time.Millisecond+watch.Longest() {
+		t.Errorf("a job started %v after the pause was extended to an hour (its old end was 1 s later)", last.Sub(extended))
+	}
+	if err := control.Resume(ctx, rdb, s, control.ResumeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A type's timed pause ends by itself while another type runs.
+	tend := redisNow().Add(2 * time.Second)
+	if err := control.Pause(ctx, rdb, s, control.PauseOptions{Type: "slow", Until: tend}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	slow := a14Enqueue(t, rdb, s, "slow", 3, 0)
+	eventually(t, 30*time.Second, func() (bool, string) {
+		for _, id := range slow {
+			if rec.doneCount(id) != 1 {
+				return false, "job " + id + " of the type whose timed pause ended did not run once"
+			}
+		}
+		return true, ""
+	})
+	for _, st := range rec.startsSince(time.Time{}) {
+		for _, id := range slow {
+			if st.id == id && st.at.Before(tend.Truncate(time.Millisecond).Add(-time.Millisecond)) { // the end is stored in whole ms
+				t.Errorf("job %s of a paused type started %v before its pause's end", id, tend.Sub(st.at))
+			}
+		}
+	}
+}
