@@ -834,3 +834,54 @@ func TestAttack14Pause_replaceEnd(t *testing.T) {
 		}
 	}
 }
+
+// A suspect (a job that crashed its worker once) while the queue is
+// paused: a worker restarted under the same name re-reads it and holds it,
+// SIGKILLed while holding it and restarted again, twice: the hold never
+// counts a run (its crash counter does not grow, it is not dead-lettered
+// with reason crashed however often the holder dies), and it does not start.
+func TestAttack14Pause_suspectHeldAcrossKills(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t, nil, "")
+	ids := s.enqueue(1, behaviour{Crash: "before"})
+	o := pauseWorkers
+	o.Concurrency, o.MaxCrashes = 1, 2
+	w := s.worker("a", o)
+	eventually(t, time.Minute, func() (bool, string) { return w.killed(), "the worker did not crash on its job" })
+	if err := control.Pause(t.Context(), s.rdb, s.stream, control.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	crashKeys := func() map[string]string {
+		out := map[string]string{}
+		keys, _ := s.rdb.Keys(t.Context(), s.keys.Crashes+"*").Result()
+		for _, k := range keys {
+			out[k] = s.rdb.Get(t.Context(), k).Val()
+		}
+		return out
+	}
+	before := crashKeys()
+	t.Logf("crash counters after the first crash: %v", before)
+	for round := 1; round <= 3; round++ {
+		w := s.worker("a", o)
+		// Held past the visibility timeout.
+		for end := time.Now().Add(o.Visibility + time.Second); time.Now().Before(end); {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if w.killed() {
+			t.Fatalf("round %d: the worker crashed while the queue was paused: it ran the job", round)
+		}
+		w.kill()
+		if n := countEvents(readLedger(t, s.ledger), "start")[ids[0]]; n != 1 {
+			t.Errorf("round %d: the job started %d times, want 1 (the run before the pause)", round, n)
+		}
+		if d := s.dead(); len(d) > 0 {
+			t.Fatalf("round %d: the suspect was dead-lettered while the queue was paused: %v", round, d[0].Values)
+		}
+		if now := crashKeys(); fmt.Sprint(now) != fmt.Sprint(before) {
+			t.Errorf("round %d: crash counters %v, want %v as before the pause (a hold counted a run)", round, now, before)
+		}
+	}
+	if n := s.pending("g"); n != 1 {
+		t.Errorf("pending = %d, want the held job", n)
+	}
+}
