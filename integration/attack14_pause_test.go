@@ -885,3 +885,61 @@ func TestAttack14Pause_suspectHeldAcrossKills(t *testing.T) {
 		t.Errorf("pending = %d, want the held job", n)
 	}
 }
+
+// WaitIdle does not return while the queue is paused, also when the
+// consumer was idle (empty stream) when the pause came, and when the pause
+// is only a type's with jobs of that type parked; it returns once resumed
+// and the held jobs ran.
+func TestAttack14Pause_waitIdle(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	s, _ := a14Keys(t, rdb)
+	c, rec, _ := a14Consumer(t, rdb, s, "a", nil)
+	<-c.Reading()
+	if err := c.WaitIdle(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := control.Pause(t.Context(), rdb, s, control.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the pause reaches the consumer
+	ids := a14Enqueue(t, rdb, s, "x", 3, 0)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	err := c.WaitIdle(ctx)
+	cancel()
+	if err == nil {
+		t.Errorf("WaitIdle returned nil while the queue was paused with %d jobs enqueued", len(ids))
+	}
+	// A type's pause with parked jobs of it: they were enqueued before the
+	// call and have not run, so WaitIdle must not say they did.
+	if err := control.Pause(t.Context(), rdb, s, control.PauseOptions{Type: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := control.Resume(t.Context(), rdb, s, control.ResumeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	ctx, cancel = context.WithTimeout(t.Context(), 3*time.Second)
+	err = c.WaitIdle(ctx)
+	cancel()
+	if err == nil {
+		for _, id := range ids {
+			if rec.doneCount(id) == 0 {
+				t.Errorf("WaitIdle returned nil while job %s (enqueued before the call) was parked by its type's pause", id)
+			}
+		}
+	}
+	if err := control.Resume(t.Context(), rdb, s, control.ResumeOptions{All: true}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitIdle(ctx); err != nil {
+		t.Fatalf("WaitIdle after Resume: %v", err)
+	}
+	for _, id := range ids {
+		if n := rec.doneCount(id); n != 1 {
+			t.Errorf("job %s ran %d times by the time WaitIdle returned, want 1", id, n)
+		}
+	}
+}
