@@ -943,3 +943,87 @@ func TestAttack14Pause_waitIdle(t *testing.T) {
 		}
 	}
 }
+
+// For hostile values of the queue's field, what the consumers do agrees
+// with what State (and so pelican stats and the metric) says: an operator
+// never sees "running" while every consumer is held, or the reverse.
+func TestAttack14Pause_hostileValueAgreesWithState(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	s, keys := a14Keys(t, rdb)
+	watch, _ := watchStalls(rdb)
+	defer watch.Stop()
+	_, rec, _ := a14Consumer(t, rdb, s, "a", nil)
+	a14Feed(t, rdb, s)
+	waitStarting(t, rec, time.Time{}, 30*time.Second, "at first")
+	ctx := t.Context()
+	for _, v := range []string{"garbage", "-5", "99999999999999999999999999", "", "1e3"} {
+		rdb.HSet(ctx, keys.Paused, "queue", v)
+		rdb.Publish(ctx, keys.Control, "x")
+		st, err := control.State(ctx, rdb, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond) // the value reaches the consumer
+		since := time.Now()
+		last := quietFor(rec, since, 1500*time.Millisecond)
+		running := last.After(since)
+		if watch.Longest() > time.Second {
+			t.Logf("value %q: stalled %v, skipping the comparison", v, watch.Longest())
+		} else if running == st.Queue {
+			t.Errorf("queue field %q: State.Queue = %v but the consumer is running = %v", v, st.Queue, running)
+		} else {
+			t.Logf("queue field %q: State.Queue = %v, consumer running = %v", v, st.Queue, running)
+		}
+		rdb.Del(ctx, keys.Paused)
+		rdb.Publish(ctx, keys.Control, "x")
+		waitStarting(t, rec, time.Now(), 15*time.Second, "after the value was deleted")
+	}
+}
+
+// A pause key of another type (one hostile redis-cli SET) in one queue
+// does not blind the collector: the other queue's series, and this queue's
+// stream length, are still exported.
+func TestAttack14Pause_metricWrongTypeKey(t *testing.T) {
+	t.Skip("FINDING: one queue's pause key of the wrong type (WRONGTYPE on HGETALL) fails the whole collector refresh: every queue's series vanish, pelican_collector_up 0")
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	bad, badKeys := a14Keys(t, rdb)
+	good := bad + "-good"
+	t.Cleanup(func() { rdb.Del(context.Background(), good) })
+	for _, s := range []string{bad, good} {
+		a14Enqueue(t, rdb, s, "x", 1, 0)
+		rdb.XGroupCreate(t.Context(), s, "g", "0")
+	}
+	rdb.Set(t.Context(), badKeys.Paused, "garbage", 0)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewCollector(rdb, metrics.CollectorConfig{CacheFor: time.Millisecond,
+		Queues: []metrics.Queue{{Stream: bad, Groups: []string{"g"}}, {Stream: good, Groups: []string{"g"}}}}))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lengths := map[string]bool{}
+	up := -1.0
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "pelican_stream_length":
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "stream" {
+						lengths[l.GetValue()] = true
+					}
+				}
+			}
+		case "pelican_collector_up":
+			up = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Logf("pelican_collector_up = %v, stream lengths exported for %v", up, lengths)
+	if !lengths[good] {
+		t.Errorf("a wrong-type pause key of queue %s removed the series of another queue, %s (collector_up %v)", bad, good, up)
+	}
+	if !lengths[bad] {
+		t.Errorf("a wrong-type pause key removed the queue's own pelican_stream_length (collector_up %v)", up)
+	}
+}
