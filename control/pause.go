@@ -43,6 +43,11 @@ const (
 // ErrNotPaused is returned by Resume when there was no pause to lift.
 var ErrNotPaused = errors.New("control: not paused")
 
+// ErrNotFuture is matched (errors.Is) by the error of a pause whose
+// PauseOptions.Until is not in the future, by the local clock (Validate)
+// or by the Redis clock (Pause).
+var ErrNotFuture = errors.New("control: PauseOptions.Until is not in the future")
+
 // PauseOptions say what Pause pauses and until when.
 type PauseOptions struct {
 	// Type, when set, pauses only the jobs of this type; other types keep
@@ -61,7 +66,7 @@ func (o PauseOptions) Validate() error {
 		return err
 	}
 	if !o.Until.IsZero() && !o.Until.After(time.Now()) {
-		return fmt.Errorf("control: PauseOptions.Until (%s) is not in the future", o.Until.Format(time.RFC3339))
+		return fmt.Errorf("%w (%s)", ErrNotFuture, o.Until.Format(time.RFC3339))
 	}
 	return nil
 }
@@ -137,7 +142,7 @@ func Pause(ctx context.Context, rdb redis.UniversalClient, s string, opts PauseO
 	case err == nil:
 		return nil
 	case strings.HasPrefix(err.Error(), "PAST "):
-		return fmt.Errorf("control: PauseOptions.Until (%s) is not after the Redis clock (%s)",
+		return fmt.Errorf("%w: %s is not after the Redis clock (%s)", ErrNotFuture,
 			opts.Until.Format(time.RFC3339Nano), msTime(strings.TrimPrefix(err.Error(), "PAST ")).Format(time.RFC3339Nano))
 	case strings.HasPrefix(err.Error(), "FULL "):
 		return fmt.Errorf("control: queue %s has %d pauses already, the most allowed (MaxPauses); resume some first", s, MaxPauses)

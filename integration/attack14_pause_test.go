@@ -633,7 +633,6 @@ func TestAttack14Pause_cli(t *testing.T) {
 // Bad arguments exit 2 ("usage: bad flag, argument"), and a --for that is
 // not positive is refused like a negative one.
 func TestAttack14Pause_cliBadArguments(t *testing.T) {
-	t.Skip("FINDING: pelican pause exits 1 (not 2) for an empty or braced stream name and for --for 1ms; --for 0s is accepted and pauses until resumed although --for must be positive")
 	t.Parallel()
 	rdb := redistest.Shared(t)
 	s, _ := a14Keys(t, rdb)
@@ -985,7 +984,6 @@ func TestAttack14Pause_hostileValueAgreesWithState(t *testing.T) {
 // does not blind the collector: the other queue's series, and this queue's
 // stream length, are still exported.
 func TestAttack14Pause_metricWrongTypeKey(t *testing.T) {
-	t.Skip("FINDING: one queue's pause key of the wrong type (WRONGTYPE on HGETALL) fails the whole collector refresh: every queue's series vanish, pelican_collector_up 0")
 	t.Parallel()
 	rdb := redistest.Shared(t)
 	bad, badKeys := a14Keys(t, rdb)

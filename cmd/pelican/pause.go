@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/pelicanqueue/pelican/stream"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,7 +34,7 @@ paused replaces the end. The stream need not exist yet.`,
 			switch {
 			case dur != 0 && until != "":
 				return fail(exitUsage, "--for and --until exclude each other")
-			case dur < 0:
+			case cmd.Flags().Changed("for") && dur <= 0:
 				return fail(exitUsage, "--for must be positive, got %s", dur)
 			case dur > 0:
 				opts.Until = time.Now().Add(dur)
@@ -48,9 +49,15 @@ paused replaces the end. The stream need not exist yet.`,
 				return fail(exitUsage, "%w", err)
 			}
 			s := args[0]
+			if err := checkQueueName(s); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return withClient(ctx, a, func(rdb redis.UniversalClient) error {
 				if err := control.Pause(ctx, rdb, s, opts); err != nil {
+					if errors.Is(err, control.ErrNotFuture) {
+						return fail(exitUsage, "--for or --until: the pause would end before Redis's clock (%v)", err)
+					}
 					return fail(exitError, "%w", err)
 				}
 				st, err := control.State(ctx, rdb, s)
@@ -98,6 +105,9 @@ about a second. It exits with 4 when there was no pause to lift.`,
 				return fail(exitUsage, "%w", err)
 			}
 			s := args[0]
+			if err := checkQueueName(s); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return withClient(ctx, a, func(rdb redis.UniversalClient) error {
 				err := control.Resume(ctx, rdb, s, opts)
@@ -153,4 +163,13 @@ func pauseList(st control.Paused) []pauseView {
 		out = append(out, pauseView{Type: t, Until: opt(st.Types[t])})
 	}
 	return out
+}
+
+// checkQueueName refuses, as a usage error, a stream name no queue can
+// have (empty, or braces that form no hash tag).
+func checkQueueName(s string) error {
+	if _, err := stream.KeysFor(s); err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	return nil
 }

@@ -373,8 +373,8 @@ func (c *Collector) read() ([]queueState, error) {
 		}
 		return nil
 	})
-	if err != nil && !absent(err) && !strings.HasPrefix(err.Error(), "NOPERM") {
-		return nil, err
+	if err != nil && !absent(err) && !strings.HasPrefix(err.Error(), "NOPERM") && !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		return nil, err // each command's own error is looked at below
 	}
 	now, err := timeCmd.Result()
 	if err != nil {
@@ -399,7 +399,10 @@ func (c *Collector) read() ([]queueState, error) {
 		case perr == nil:
 			ps := control.ParseState(now, fields)
 			s.pauses = &ps
-		case !strings.HasPrefix(perr.Error(), "NOPERM"):
+		case !strings.HasPrefix(perr.Error(), "NOPERM") && !strings.HasPrefix(perr.Error(), "WRONGTYPE"):
+			// A pause key of the wrong kind (written by something else)
+			// leaves the pauses out, as a user that may not read them
+			// does; it must not blank every queue's series.
 			errs = append(errs, perr)
 		}
 		for _, e := range errs {
