@@ -1291,6 +1291,15 @@ func TestConsumer_defaultPrefetchAfterFastJobs(t *testing.T) {
 		b.enqueue(t, "fast", i)
 	}
 	waitFor(t, 10*time.Second, "the fast jobs acknowledged", func() bool { return c.Stats().Acked == fast })
+	// A read after the last fast job finished, so that no fast job
+	// finishes between the reads of the slow ones (on a loaded machine the
+	// last fast jobs' ends let the room grow by twice their number, as
+	// documented, which is not what this test is about).
+	idle, cancelIdle := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancelIdle()
+	if err := c.WaitIdle(idle); err != nil {
+		t.Fatal(err)
+	}
 	for i := range slow {
 		b.enqueue(t, "slow", i)
 	}

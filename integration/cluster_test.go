@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pelicanqueue/pelican/periodic"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -116,6 +117,7 @@ func TestCluster(t *testing.T) {
 				clusterDashboard(t, cc, name)
 				clusterMiddleware(t, cc, name)
 				clusterControl(t, cc, name)
+				clusterPeriodic(t, cc, name)
 			})
 		}
 		t.Run("shutdown", func(t *testing.T) {
@@ -900,4 +902,30 @@ func clusterMiddleware(t *testing.T, cc *redis.ClusterClient, name string) {
 	if ok, err := store.Forget(ctx, keys.Idem+"done", idem.StatusCompleted); err != nil || !ok {
 		t.Fatalf("idem Forget(done, completed) on the cluster = %v, %v; want true", ok, err)
 	}
+}
+
+// clusterPeriodic runs a periodic scheduler on queue name of the cluster
+// until it has enqueued a tick: periodic/tick.lua with its keys in the
+// stream's slot.
+func clusterPeriodic(t *testing.T, cc *redis.ClusterClient, name string) {
+	t.Helper()
+	s, err := periodic.New(cc, periodic.Config{Stream: name, Logger: slog.New(slog.DiscardHandler),
+		Schedules: []periodic.Schedule{{Name: "cluster", Type: "tick", Every: time.Second}}})
+	clusterMust(t, "periodic.New", err)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		clusterMust(t, "periodic Run", <-done)
+	}()
+	eventually(t, 30*time.Second, func() (bool, string) {
+		msgs, err := cc.XRange(t.Context(), name, "-", "+").Result()
+		for _, m := range msgs {
+			if id, _ := m.Values["job_id"].(string); strings.HasPrefix(id, "cluster@") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("no tick of schedule cluster in %s yet (%v)", name, err)
+	})
 }
