@@ -2,7 +2,11 @@
 -- marker at most once while its marker lives (Producer with
 -- ProducerConfig.EnqueueOnce; docs/wire-format.md, "Enqueue once").
 -- KEYS[1]    stream
--- KEYS[2..]  the markers of the keyed jobs ({stream}:once:<idempotency key>)
+-- KEYS[2]    the prefix of the index records ({stream}:job:): a job with the
+--            field track = "1" gets its record, "waiting" with its entry ID,
+--            at KEYS[2] .. job id (stream/index.go; "sha1:" and the ID's
+--            SHA-1 for an ID over 128 bytes), a key in the stream's slot
+-- KEYS[3..]  the markers of the keyed jobs ({stream}:once:<idempotency key>)
 -- ARGV[1]    MAXLEN ~ for XADD, "0" for none
 -- ARGV[2]    the marker's time to live in milliseconds (the window)
 -- ARGV[3]    n, the number of jobs
@@ -31,7 +35,10 @@ if redis.acl_check_cmd then
   if not redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v') then
     return redis.error_reply('NOPERM the user may not run XADD on the stream')
   end
-  for k = 2, #KEYS do
+  if not redis.acl_check_cmd('SET', KEYS[2] .. 'x', 'v') then
+    return redis.error_reply('NOPERM the user may not run SET on the index records')
+  end
+  for k = 3, #KEYS do
     if not (redis.acl_check_cmd('GET', KEYS[k]) and redis.acl_check_cmd('SET', KEYS[k], 'v', 'PX', '1')) then
       return redis.error_reply('NOPERM the user may not run GET and SET on the enqueue-once marker ' .. KEYS[k])
     end
@@ -41,11 +48,24 @@ end
 local jobs, pos = {}, 4
 for i = 1, n do
   local k, id, m = tonumber(ARGV[pos]), ARGV[pos + 1], tonumber(ARGV[pos + 2])
-  if not k or not id or not m or k < 0 or k == 1 or k > #KEYS or m < 2 or m > 4000 or m % 2 ~= 0 or pos + 2 + m > #ARGV then
+  if not k or not id or not m or k < 0 or k == 1 or k == 2 or k > #KEYS or m < 2 or m > 4000 or m % 2 ~= 0 or pos + 2 + m > #ARGV then
     return redis.error_reply('ERR enqueue.lua: job ' .. i .. ' is not "marker job-id m values..."')
   end
-  jobs[i] = {k, id, pos + 3, pos + 2 + m}
+  local track = false
+  for f = pos + 3, pos + 2 + m, 2 do
+    if ARGV[f] == 'track' and ARGV[f + 1] == '1' then track = true end
+  end
+  jobs[i] = {k, id, pos + 3, pos + 2 + m, track}
   pos = pos + 3 + m
+end
+local function rec(...)
+  local t = {}
+  for _, v in ipairs({...}) do t[#t + 1] = #v .. ':' .. v end
+  return table.concat(t)
+end
+local function jobkey(id)
+  if #id > 128 then return KEYS[2] .. 'sha1:' .. redis.sha1hex(id) end
+  return KEYS[2] .. id
 end
 local out = {}
 for i, j in ipairs(jobs) do
@@ -68,6 +88,7 @@ for i, j in ipairs(jobs) do
       id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, j[3], j[4]))
     end
     if j[1] > 0 then redis.call('SET', KEYS[j[1]], id .. ' ' .. j[2], 'PX', ARGV[2]) end
+    if j[5] and j[2] ~= '' then redis.call('SET', jobkey(j[2]), rec('waiting', id, '', '', '', '')) end
     out[i] = {id, j[2], 0}
   end
 end
