@@ -24,7 +24,7 @@ const (
 	DefaultSettleTimeout       = 5 * time.Second
 	DefaultShutdownTimeout     = 30 * time.Second
 	DefaultStartID             = "0"
-	DefaultTrackTTL            = 24 * time.Hour
+	DefaultTrackTTL            = stream.DefaultTrackTTL
 	DefaultVisibilityTimeout   = 30 * time.Second
 )
 

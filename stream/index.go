@@ -30,6 +30,10 @@ const (
 	StateCancelled = "cancelled"
 )
 
+// DefaultTrackTTL is how long the index record of a finished job lives by
+// default (consumer.Config.TrackTTL; control.Cancel's cancelled records).
+const DefaultTrackTTL = 24 * time.Hour
+
 // maxKeyID is the longest job ID used in a key as it is; a longer one is
 // hashed (as the crash counters do).
 const maxKeyID = 128
