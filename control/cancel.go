@@ -67,4 +67,3 @@ func Cancel(ctx context.Context, rdb redis.UniversalClient, streamName, jobID st
 	}
 	return "", fmt.Errorf("control: cancel job %s: unexpected reply %q", clip(jobID), res)
 }
-
