@@ -2,11 +2,7 @@
 -- marker at most once while its marker lives (Producer with
 -- ProducerConfig.EnqueueOnce; docs/wire-format.md, "Enqueue once").
 -- KEYS[1]    stream
--- KEYS[2]    the prefix of the index records ({stream}:job:): a job with the
---            field track = "1" gets its record, "waiting" with its entry ID,
---            at KEYS[2] .. job id (stream/index.go; "sha1:" and the ID's
---            SHA-1 for an ID over 128 bytes), a key in the stream's slot
--- KEYS[3..]  the markers of the keyed jobs ({stream}:once:<idempotency key>)
+-- KEYS[2..]  the markers of the keyed jobs ({stream}:once:<idempotency key>)
 -- ARGV[1]    MAXLEN ~ for XADD, "0" for none
 -- ARGV[2]    the marker's time to live in milliseconds (the window)
 -- ARGV[3]    n, the number of jobs
@@ -20,6 +16,11 @@
 --            new entry ID, its own job ID and 0; a job whose marker existed
 --            adds nothing and has the first job's entry ID ("" while that job
 --            waits in the delayed set), the first job's ID and 1.
+-- A job with the field track = "1" and a job ID gets its index record
+-- (stream/index.go), "waiting" with its entry ID, at {stream}:job:<job id>
+-- ("sha1:" and the ID's SHA-1 for an ID over 128 bytes): the script derives
+-- that name from KEYS[1] as stream.KeysFor does, so that callers of the
+-- layout above need no change; the key is in the stream's slot.
 -- A marker is a string "<entry id> <job id>" ("- <job id>" for a scheduled
 -- job) with the window as its time to live; a marker without a space (a
 -- plain SET by another client) is a job ID alone.
@@ -35,10 +36,7 @@ if redis.acl_check_cmd then
   if not redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v') then
     return redis.error_reply('NOPERM the user may not run XADD on the stream')
   end
-  if not redis.acl_check_cmd('SET', KEYS[2] .. 'x', 'v') then
-    return redis.error_reply('NOPERM the user may not run SET on the index records')
-  end
-  for k = 3, #KEYS do
+  for k = 2, #KEYS do
     if not (redis.acl_check_cmd('GET', KEYS[k]) and redis.acl_check_cmd('SET', KEYS[k], 'v', 'PX', '1')) then
       return redis.error_reply('NOPERM the user may not run GET and SET on the enqueue-once marker ' .. KEYS[k])
     end
@@ -48,7 +46,7 @@ end
 local jobs, pos = {}, 4
 for i = 1, n do
   local k, id, m = tonumber(ARGV[pos]), ARGV[pos + 1], tonumber(ARGV[pos + 2])
-  if not k or not id or not m or k < 0 or k == 1 or k == 2 or k > #KEYS or m < 2 or m > 4000 or m % 2 ~= 0 or pos + 2 + m > #ARGV then
+  if not k or not id or not m or k < 0 or k == 1 or k > #KEYS or m < 2 or m > 4000 or m % 2 ~= 0 or pos + 2 + m > #ARGV then
     return redis.error_reply('ERR enqueue.lua: job ' .. i .. ' is not "marker job-id m values..."')
   end
   local track = false
@@ -63,9 +61,21 @@ local function rec(...)
   for _, v in ipairs({...}) do t[#t + 1] = #v .. ':' .. v end
   return table.concat(t)
 end
+-- The prefix of the index records: stream.KeysFor's rule.
+local prefix = '{' .. KEYS[1] .. '}:job:'
+local open = string.find(KEYS[1], '{', 1, true)
+if open then
+  local close = string.find(KEYS[1], '}', open + 1, true)
+  if close and close > open + 1 then prefix = KEYS[1] .. ':job:' end
+end
 local function jobkey(id)
-  if #id > 128 then return KEYS[2] .. 'sha1:' .. redis.sha1hex(id) end
-  return KEYS[2] .. id
+  if #id > 128 then return prefix .. 'sha1:' .. redis.sha1hex(id) end
+  return prefix .. id
+end
+for _, j in ipairs(jobs) do
+  if j[5] and redis.acl_check_cmd and not redis.acl_check_cmd('SET', jobkey(j[2]), 'v') then
+    return redis.error_reply('NOPERM the user may not run SET on the index records ' .. prefix .. '*')
+  end
 end
 local out = {}
 for i, j in ipairs(jobs) do

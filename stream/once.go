@@ -65,7 +65,7 @@ func (p *Producer) enqueueOnce(ctx context.Context, jobs []*Job, all []*redis.XA
 	var chunks []*chunk
 	for from := 0; from < len(jobs); from += OnceBatch {
 		to := min(from+OnceBatch, len(jobs))
-		c := &chunk{from: from, to: to, keys: []string{p.cfg.Stream, p.jobAt}}
+		c := &chunk{from: from, to: to, keys: []string{p.cfg.Stream}}
 		c.args = append(c.args, p.cfg.MaxLen, p.cfg.EnqueueOnce.Milliseconds(), to-from)
 		for i := from; i < to; i++ {
 			marker := 0

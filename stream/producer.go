@@ -83,8 +83,6 @@ type Producer struct {
 	cfg ProducerConfig
 	// once is the prefix of the producer's enqueue-once markers.
 	onceAt string
-	// jobAt is the prefix of the index records of tracked jobs.
-	jobAt string
 	// err is what Validate said of cfg; every call returns it.
 	err error
 
@@ -125,8 +123,6 @@ func NewProducer(rdb redis.UniversalClient, cfg ProducerConfig) *Producer {
 	p := &Producer{rdb: rdb, cfg: cfg, rnd: bufio.NewReaderSize(rand.Reader, 4096)}
 	if p.err = cfg.Validate(); p.err == nil {
 		p.onceAt, _ = DerivedKey(cfg.Stream, cfg.onceNamespace()+":")
-		keys, _ := KeysFor(cfg.Stream)
-		p.jobAt = keys.Job
 	}
 	return p
 }
