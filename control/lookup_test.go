@@ -11,6 +11,7 @@ import (
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/control"
+	"github.com/pelicanqueue/pelican/dlq"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -169,5 +170,56 @@ func TestLookup_states(t *testing.T) {
 	lookup("never-enqueued", control.StateUnknown)
 	if _, err := control.Lookup(ctx, rdb, name, ""); err == nil {
 		t.Errorf("Lookup of an empty ID succeeded")
+	}
+}
+
+// A dead tracked job replayed from the dead-letter stream is waiting again,
+// from its new entry.
+func TestLookup_replayed(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	name := "{" + redistest.Name(t) + "}:jobs"
+	keys, _ := stream.KeysFor(name)
+	ctx := context.Background()
+	job := &stream.Job{Type: "dead", Payload: []byte(`{}`)}
+	t.Cleanup(func() { rdb.Del(context.Background(), name, keys.Delayed, keys.Dead, stream.JobKey(keys, job.ID)) })
+	if _, err := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, Track: true}).Enqueue(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: "c1", Block: 100 * time.Millisecond}).
+		Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error { return consumer.Permanent(errors.New("no")) }))
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	var first control.JobInfo
+	for {
+		info, err := control.Lookup(ctx, rdb, name, job.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State == stream.StateDead {
+			break
+		}
+		if info.State == control.StateRunning || info.State == stream.StateWaiting {
+			first = info
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job not dead within 30s: %+v", info)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	<-done
+	d, err := dlq.New(rdb, name, dlq.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{}); err != nil || res.Replayed != 1 {
+		t.Fatalf("Replay = %+v, %v; want 1 replayed", res, err)
+	}
+	info, err := control.Lookup(ctx, rdb, name, job.ID)
+	if err != nil || info.State != stream.StateWaiting || info.EntryID == "" || info.EntryID == first.EntryID {
+		t.Fatalf("Lookup after replay = %+v, %v; want waiting from a new entry (not %q)", info, err, first.EntryID)
 	}
 }
