@@ -7,10 +7,20 @@
 -- ARGV[4]  n: the number of entry IDs to acknowledge
 -- ARGV[5]  the lowest of those IDs ("" when n is 0)
 -- ARGV[6]  the highest of those IDs ("" when n is 0)
--- ARGV[7..6+n]  entry IDs to acknowledge (finished jobs)
--- ARGV[7+n..]   entry IDs this consumer has already settled with another script
+-- KEYS[2..1+t]  the index records of the tracked jobs among them
+--               ({stream}:job:<job id>, stream/index.go)
+-- ARGV[7]  t: the number of tracked jobs
+-- ARGV[8]  the time to live of a done job's record, ms
+-- ARGV[9..8+2t] for each tracked job, in KEYS order: its entry ID and the
+--               result its handler recorded ("" for none)
+-- then, from b = 9+2t:
+-- ARGV[b..b-1+n]  entry IDs to acknowledge (finished jobs)
+-- ARGV[b+n..]   entry IDs this consumer has already settled with another script
 --               (retry, dead-letter): only to be deleted
 -- Returns  {acked, {id owned by another consumer, ...}, {id no longer pending, ...}, deleted}
+-- A tracked job this call acknowledges gets its record "done", with the time
+-- and its result, for ARGV[8] ms: that SET comes after the XACK, so it
+-- needs no room under maxmemory (see below).
 -- XACK itself is not consumer-scoped: a stale worker whose job was reclaimed
 -- would acknowledge the new owner's delivery. One ranged XPENDING over the
 -- batch's IDs, filtered by this consumer, finds what it still owns.
@@ -23,7 +33,8 @@
 -- only its own entry (and at most about 1000 settled ones), never all the
 -- entries after it.
 -- Only XACK and XDEL write, and neither needs memory: this script works while
--- Redis is over maxmemory.
+-- Redis is over maxmemory (the records of tracked jobs are written after the
+-- XACK, and Redis lets a script that has written go on).
 
 -- IDs are compared and stepped as decimal strings, never as Lua numbers: a
 -- double cannot hold every 64-bit part of an ID.
@@ -50,9 +61,10 @@ local function after(id)
   return ms .. '-' .. incr(seq)
 end
 
-local n = tonumber(ARGV[4])
+local n, t = tonumber(ARGV[4]), tonumber(ARGV[7])
+local b = 9 + 2 * t
 local want = {}
-for i = 7, 6 + n do want[ARGV[i]] = true end
+for i = b, b - 1 + n do want[ARGV[i]] = true end
 local owned, acked = {}, 0
 if n > 0 then
   local start, last = ARGV[5], ARGV[6]
@@ -69,7 +81,7 @@ if n > 0 then
   end
 end
 local stale, gone = {}, {}
-for i = 7, 6 + n do
+for i = b, b - 1 + n do
   if want[ARGV[i]] then
     if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1) == 1 then
       stale[#stale + 1] = ARGV[i]
@@ -78,7 +90,22 @@ for i = 7, 6 + n do
     end
   end
 end
+if t > 0 and redis.acl_check_cmd and not redis.acl_check_cmd('SET', KEYS[2], 'v', 'PX', '1') then
+  return redis.error_reply('NOPERM the user may not run SET on the index records of tracked jobs')
+end
 if #owned > 0 then acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(owned)) end
+if t > 0 and #owned > 0 then
+  local mine = {}
+  for _, id in ipairs(owned) do mine[id] = true end
+  local tm = redis.call('TIME')
+  local now = string.format('%.0f', tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000))
+  for k = 1, t do
+    local id, res = ARGV[7 + 2 * k], ARGV[8 + 2 * k]
+    if mine[id] then
+      redis.call('SET', KEYS[1 + k], '4:done0:0:' .. #now .. ':' .. now .. '0:' .. #res .. ':' .. res, 'PX', ARGV[8])
+    end
+  end
+end
 
 local deleted = 0
 if ARGV[3] == '1' then
@@ -111,7 +138,7 @@ if ARGV[3] == '1' then
   -- them pending.
   if redis.call('XLEN', KEYS[1]) - busy > 1000 then
     local cand = owned
-    for i = 7 + n, #ARGV do cand[#cand + 1] = ARGV[i] end
+    for i = b + n, #ARGV do cand[#cand + 1] = ARGV[i] end
     local del = {}
     for _, id in ipairs(cand) do
       local free = not less(id, horizon)

@@ -24,6 +24,7 @@ const (
 	DefaultSettleTimeout       = 5 * time.Second
 	DefaultShutdownTimeout     = 30 * time.Second
 	DefaultStartID             = "0"
+	DefaultTrackTTL            = stream.DefaultTrackTTL
 	DefaultVisibilityTimeout   = 30 * time.Second
 )
 
@@ -215,6 +216,11 @@ type Config struct {
 	// within VisibilityTimeout + SweepInterval. Defaults to
 	// VisibilityTimeout/2.
 	SweepInterval time.Duration
+	// TrackTTL is how long the index record of a tracked job (see
+	// stream.Job.Track) lives once the job is finished (done,
+	// dead-lettered or cancelled), so that control.Lookup still reports
+	// it. Defaults to [DefaultTrackTTL] (24 h).
+	TrackTTL time.Duration
 	// VisibilityTimeout is how long a delivered job may go without a
 	// heartbeat before another consumer takes it over: the job's lease. A
 	// lease is counted from when the read that delivered the job, or the
@@ -265,7 +271,7 @@ func (c Config) resolve() (resolved, error) {
 	}{{"Block", c.Block}, {"MaxRuntime", c.MaxRuntime},
 		{"PromoteInterval", c.PromoteInterval}, {"SettleTimeout", c.SettleTimeout},
 		{"ShutdownTimeout", c.ShutdownTimeout}, {"SweepInterval", c.SweepInterval},
-		{"VisibilityTimeout", c.VisibilityTimeout}} {
+		{"TrackTTL", c.TrackTTL}, {"VisibilityTimeout", c.VisibilityTimeout}} {
 		if d.v < 0 {
 			return bad("Config.%s (%v) must not be negative", d.name, d.v)
 		}
@@ -292,6 +298,10 @@ func (c Config) resolve() (resolved, error) {
 	def(&c.SettleTimeout, DefaultSettleTimeout)
 	def(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	def(&c.IdleConsumerTimeout, DefaultIdleConsumerTimeout)
+	def(&c.TrackTTL, DefaultTrackTTL)
+	if c.TrackTTL < time.Millisecond {
+		return bad("Config.TrackTTL (%v) must be 0 or at least 1ms", c.TrackTTL)
+	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}

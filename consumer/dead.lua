@@ -1,6 +1,9 @@
 -- dead.lua: move a job this consumer owns to the dead-letter stream.
 -- KEYS[1]  stream
 -- KEYS[2]  dead-letter stream
+-- KEYS[3]  optional: the job's index record ({stream}:job:<job id>,
+--          stream/index.go), set to "dead" with the time and
+--          "<reason>: <error>" for ARGV[10] ms
 -- ARGV[1]  group
 -- ARGV[2]  consumer
 -- ARGV[3]  entry ID
@@ -15,8 +18,9 @@
 -- ARGV[9]  n: the number of ARGV values that follow as field/value pairs to set
 --          in the copy (replacing the entry's own: redaction, the final error
 --          history; added when the entry has no such field)
--- ARGV[10..9+n] those pairs
--- ARGV[10+n..] the entry's fields: with "record", or with "copy" when an
+-- ARGV[10] the time to live of the index record in ms (used with KEYS[3])
+-- ARGV[11..10+n] those pairs
+-- ARGV[11+n..] the entry's fields: with "record", or with "copy" when an
 --          earlier call returned -2 (the entry is no longer in the stream)
 -- Returns  {dead-letter entry ID, entries trimmed from the dead-letter stream},
 --          -1 when this consumer does not own the entry (nothing written), or
@@ -34,7 +38,7 @@ local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if #p ~= 1 or p[1][2] ~= ARGV[2] then return -1 end
 local n = tonumber(ARGV[9])
 local set, order = {}, {}
-for i = 10, 9 + n, 2 do
+for i = 11, 10 + n, 2 do
   if set[ARGV[i]] == nil then order[#order + 1] = ARGV[i] end
   set[ARGV[i]] = ARGV[i + 1]
 end
@@ -44,9 +48,9 @@ if ARGV[8] == 'copy' then e = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3]) en
 local truncated = string.match(ARGV[8], '^record:(%d+)$')
 if #e == 1 then
   src = e[1][2]
-elseif #ARGV > 9 + n then
+elseif #ARGV > 10 + n then
   src = {}
-  for i = 10 + n, #ARGV do src[#src + 1] = ARGV[i] end
+  for i = 11 + n, #ARGV do src[#src + 1] = ARGV[i] end
 else
   return -2
 end
@@ -93,11 +97,16 @@ for _, v in ipairs(meta) do f[#f + 1] = v end
 -- what it wrote (the XACK: the job would be lost): check first (Redis 7).
 if redis.acl_check_cmd and not (redis.acl_check_cmd('XACK', KEYS[1], ARGV[1], ARGV[3])
     and redis.acl_check_cmd('XADD', KEYS[2], '*', 'f', 'v')
-    and (tonumber(ARGV[7]) == 0 or redis.acl_check_cmd('XTRIM', KEYS[2], 'MAXLEN', '=', '1'))) then
-  return redis.error_reply('NOPERM the user may not run XACK, or XADD or XTRIM on the dead-letter stream')
+    and (tonumber(ARGV[7]) == 0 or redis.acl_check_cmd('XTRIM', KEYS[2], 'MAXLEN', '=', '1'))
+    and (not KEYS[3] or redis.acl_check_cmd('SET', KEYS[3], 'v', 'PX', '1'))) then
+  return redis.error_reply('NOPERM the user may not run XACK, or XADD or XTRIM on the dead-letter stream, or SET on the index record')
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 local id = redis.call('XADD', KEYS[2], '*', unpack(f))
+if KEYS[3] then
+  local why = ARGV[4] .. ': ' .. ARGV[5]
+  redis.call('SET', KEYS[3], '4:dead0:0:' .. #now .. ':' .. now .. #why .. ':' .. why .. '0:', 'PX', ARGV[10])
+end
 local trimmed = 0
 if tonumber(ARGV[7]) > 0 then trimmed = redis.call('XTRIM', KEYS[2], 'MAXLEN', '=', ARGV[7]) end
 return {id, trimmed}

@@ -20,9 +20,13 @@ const (
 // retryReq is one job to reschedule: its retry.lua values (entry ID,
 // delay, member, count, fields) and their size in bytes.
 type retryReq struct {
-	args []any
-	size int
-	done chan retryRes
+	// args are the job's values for retry.lua without the index and error
+	// (entry ID, delay, member, n, values); index and err are the job's
+	// index record ("" when untracked) and the error to record.
+	args       []any
+	index, err string
+	size       int
+	done       chan retryRes
 }
 
 // retryRes is retry.lua's answer for one job: the new entry's ID, "" (in
@@ -66,12 +70,9 @@ fill:
 			break fill
 		}
 	}
-	args := []any{c.r.Group, c.r.Consumer}
-	for _, r := range batch {
-		args = append(args, r.args...)
-	}
+	keys, args := c.retryArgs(batch)
 	ctx, cancel := c.settleContext()
-	res, err := retryScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.keys.Delayed}, args...).Slice()
+	res, err := retryScript.Run(ctx, c.rdb, keys, args...).Slice()
 	cancel()
 	if err == nil && len(res) != len(batch) {
 		err = fmt.Errorf("retry script: %d answers for %d jobs", len(res), len(batch))
@@ -87,8 +88,8 @@ fill:
 
 // reschedule runs one job's retry.lua values in the next batch, or alone
 // once the batches have stopped (a job that finished after the drain).
-func (c *Consumer) reschedule(args []any, size int) (any, error) {
-	r := &retryReq{args: args, size: size, done: make(chan retryRes, 1)}
+func (c *Consumer) reschedule(args []any, size int, index, errText string) (any, error) {
+	r := &retryReq{args: args, size: size, index: index, err: errText, done: make(chan retryRes, 1)}
 	select {
 	case c.retryCh <- r:
 		res := <-r.done
@@ -96,7 +97,8 @@ func (c *Consumer) reschedule(args []any, size int) (any, error) {
 	case <-c.retryDone:
 		ctx, cancel := c.settleContext()
 		defer cancel()
-		res, err := retryScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.keys.Delayed}, append([]any{c.r.Group, c.r.Consumer}, args...)...).Slice()
+		keys, all := c.retryArgs([]*retryReq{r})
+		res, err := retryScript.Run(ctx, c.rdb, keys, all...).Slice()
 		if err != nil {
 			return nil, err
 		}
@@ -105,4 +107,21 @@ func (c *Consumer) reschedule(args []any, size int) (any, error) {
 		}
 		return res[0], nil
 	}
+}
+
+// retryArgs returns retry.lua's keys and arguments for batch.
+func (c *Consumer) retryArgs(batch []*retryReq) ([]string, []any) {
+	keys := []string{c.r.Stream, c.r.keys.Delayed}
+	args := []any{c.r.Group, c.r.Consumer}
+	for _, r := range batch {
+		k := 0
+		if r.index != "" {
+			keys = append(keys, r.index)
+			k = len(keys)
+		}
+		args = append(args, r.args[:3]...)
+		args = append(args, k, r.err)
+		args = append(args, r.args[3:]...)
+	}
+	return keys, args
 }

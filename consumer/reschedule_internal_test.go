@@ -40,10 +40,10 @@ func TestRetryScript_batchOwnerChecked(t *testing.T) {
 	rdb.XAck(ctx, key, "g", ids[2])
 	member := stream.EncodeDelayed(ids[0], []any{"type", "t", "attempt", "1"})
 	args := []any{"g", "a",
-		ids[0], 60000, member, 0, // later: the delayed set
-		ids[1], 0, "", 4, "type", "t", "attempt", "1", // now: a new entry
-		ids[2], 0, "", 2, "type", "t", // no longer pending
-		ids[3], 0, "", 2, "type", "t", // b's
+		ids[0], 60000, member, 0, "", 0, // later: the delayed set
+		ids[1], 0, "", 0, "", 4, "type", "t", "attempt", "1", // now: a new entry
+		ids[2], 0, "", 0, "", 2, "type", "t", // no longer pending
+		ids[3], 0, "", 0, "", 2, "type", "t", // b's
 	}
 	res, err := retryScript.Run(ctx, rdb, []string{key, delayed}, args...).Slice()
 	if err != nil {

@@ -50,6 +50,9 @@ func (c *Consumer) settleContext() (context.Context, context.CancelFunc) {
 type ackItem struct {
 	id     string
 	forget bool
+	// index is the index record of a tracked job ("" for none), and
+	// result what its handler recorded (SetResult).
+	index, result string
 }
 
 // queueAck hands a finished job (or an entry to forget) to the ack loop,
@@ -208,11 +211,16 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	}
 	ids := make([]string, 0, len(items))
 	forget := settled
+	keys, tracked := []string{c.r.Stream}, []any(nil)
 	for _, it := range items {
 		if it.forget {
 			forget = append(forget, it.id)
 		} else {
 			ids = append(ids, it.id)
+			if it.index != "" {
+				keys = append(keys, it.index)
+				tracked = append(tracked, it.id, it.result)
+			}
 		}
 	}
 	if len(ids) == 0 && !trim {
@@ -238,8 +246,9 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	if trim {
 		del = "1"
 	}
-	args := make([]any, 0, 6+len(ids)+len(forget))
-	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), lo, hi)
+	args := make([]any, 0, 8+len(tracked)+len(ids)+len(forget))
+	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), lo, hi, len(keys)-1, c.r.TrackTTL.Milliseconds())
+	args = append(args, tracked...)
 	for _, id := range ids {
 		args = append(args, id)
 	}
@@ -252,7 +261,7 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	defer cancel()
 	var b backoff
 	for try := 0; ; try++ {
-		res, err := ackScript.Run(ctx, c.rdb, []string{c.r.Stream}, args...).Slice()
+		res, err := ackScript.Run(ctx, c.rdb, keys, args...).Slice()
 		if err == nil && len(res) == 4 {
 			stale, gone := replyStrings(res[1]), replyStrings(res[2])
 			if try > 0 {
@@ -371,7 +380,14 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 			}
 		}
 	}
-	res, serr := c.reschedule(args, size)
+	index, recorded := "", ""
+	if job.Track && job.ID != "" {
+		index = stream.JobKey(c.r.keys, job.ID)
+		if err != nil {
+			recorded = c.errorText(job, errText(err))
+		}
+	}
+	res, serr := c.reschedule(args, size, index, recorded)
 	kind := errKindRetryable
 	switch {
 	case !count:
@@ -440,8 +456,8 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 		// read; copying it whole would hold several copies of it in Redis.
 		mode, fields = "record:"+strconv.Itoa(de.Size), cutShort(fields)
 	}
-	args := make([]any, 0, 9+2*len(set))
-	args = append(args, c.r.Group, c.r.Consumer, id, reason, stored, attempts, c.r.DeadLetterMaxLen, mode, 2*len(set))
+	args := make([]any, 0, 10+2*len(set))
+	args = append(args, c.r.Group, c.r.Consumer, id, reason, stored, attempts, c.r.DeadLetterMaxLen, mode, 2*len(set), c.r.TrackTTL.Milliseconds())
 	for _, k := range slices.Sorted(maps.Keys(set)) {
 		args = append(args, k, set[k])
 	}
@@ -450,11 +466,15 @@ func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[stri
 	}
 	ctx, cancel := c.settleContext()
 	defer cancel()
-	res, err := deadScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.DeadLetterStream}, args...).Result()
+	keys := []string{c.r.Stream, c.r.DeadLetterStream}
+	if job != nil && job.Track && job.ID != "" {
+		keys = append(keys, stream.JobKey(c.r.keys, job.ID))
+	}
+	res, err := deadScript.Run(ctx, c.rdb, keys, args...).Result()
 	if err == nil && res == int64(-2) {
 		// Trimmed from the stream while pending: record what was read. Only
 		// then do the fields travel back to Redis.
-		res, err = deadScript.Run(ctx, c.rdb, []string{c.r.Stream, c.r.DeadLetterStream}, appendFields(args, fields)...).Result()
+		res, err = deadScript.Run(ctx, c.rdb, keys, appendFields(args, fields)...).Result()
 	}
 	kind, ran := deadKind(reason), taskOf(jobCtx).handlerTime()
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/pelicanqueue/pelican/stream"
@@ -42,6 +43,8 @@ type task struct {
 	// suspect: the job was delivered before (see Config.MaxCrashes); it
 	// runs alone and settles synchronously.
 	suspect bool
+	// result is what the handler recorded with SetResult.
+	result atomic.Pointer[string]
 }
 
 // delivery is an entry this consumer now owns.
@@ -317,13 +320,13 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		case <-c.ackDone:
 		default:
 			forget = false
-			c.flushAcks([]ackItem{{id: t.id}}, nil, true)
+			c.flushAcks([]ackItem{c.ackOf(t, job)}, nil, true)
 		}
 	case dec.Kind == KindAck:
 		// The job stays in the in-flight set until the ack loop has
 		// acknowledged it, so that this consumer's own sweep cannot start
 		// it again in between.
-		forget = !c.queueAck(ackItem{id: t.id})
+		forget = !c.queueAck(c.ackOf(t, job))
 	default:
 		if c.settle(ctx, job, d, dec) {
 			return endRescheduled

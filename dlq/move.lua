@@ -27,6 +27,9 @@
 --   created_at    the time of that ID when the entry has none (or "0");
 --   replayed_from the dead-letter entry ID;
 --   replay_count  one more than the entry's replay_count (absent: 0).
+-- A tracked job (track = "1") gets its index record (stream/index.go)
+-- rewritten to "waiting" with the new entry ID: {source}:job:<job id>, the
+-- name derived from KEYS[2] as stream.KeysFor does (in KEYS[2]'s slot).
 -- The XADD, the XDEL and the cursor update happen together or not at all:
 -- every check comes before the first write, and XADD is the first write.
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return -1 end
@@ -38,7 +41,7 @@ if #e == 0 then
 end
 local src = e[1][2]
 local f = {}
-local has_id, has_created, count, origin, job_id = false, false, 0, ARGV[2], nil
+local has_id, has_created, count, origin, job_id, track = false, false, 0, ARGV[2], nil, false
 for i = 1, #src - 1, 2 do
   local name, v = src[i], src[i + 1]
   if name == 'dead_entry_id' and string.match(v, '^%d+%-%d+$') then origin = v end
@@ -49,6 +52,7 @@ for i = 1, #src - 1, 2 do
   elseif string.sub(name, 1, 5) ~= 'dead_' and name ~= 'attempt' and name ~= 'replayed_from' then
     if name == 'job_id' and v ~= '' then has_id, job_id = true, v end
     if name == 'created_at' and v ~= '0' then has_created = true end
+    if name == 'track' and v == '1' then track = true end
     f[#f + 1] = name
     f[#f + 1] = v
   end
@@ -83,8 +87,23 @@ f[#f + 1] = 'replayed_from'
 f[#f + 1] = ARGV[2]
 f[#f + 1] = 'replay_count'
 f[#f + 1] = string.format('%d', count + 1)
+local index
+if track then
+  local prefix = '{' .. KEYS[2] .. '}:job:'
+  local open = string.find(KEYS[2], '{', 1, true)
+  if open then
+    local close = string.find(KEYS[2], '}', open + 1, true)
+    if close and close > open + 1 then prefix = KEYS[2] .. ':job:' end
+  end
+  index = prefix .. job_id
+  if #job_id > 128 then index = prefix .. 'sha1:' .. redis.sha1hex(job_id) end
+  if redis.acl_check_cmd and not redis.acl_check_cmd('SET', index, 'v') then
+    return redis.error_reply('NOPERM the user may not run SET on the index record ' .. prefix .. '*')
+  end
+end
 local id = redis.call('XADD', KEYS[2], '*', unpack(f))
 redis.call('XDEL', KEYS[1], ARGV[2])
+if index then redis.call('SET', index, '7:waiting' .. #id .. ':' .. id .. '0:0:0:0:') end
 redis.call('HSET', KEYS[4], 'last', ARGV[2])
 redis.call('PEXPIRE', KEYS[4], ARGV[3])
 return id

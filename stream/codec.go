@@ -19,7 +19,7 @@ import (
 const MaxFields = 1000
 
 // ownFields is the number of the wire format's own fields.
-const ownFields = 16
+const ownFields = 17
 
 // DefaultMaxEntryBytes is the largest entry, counting the bytes of all field
 // names and values, that [Decode] accepts.
@@ -87,6 +87,9 @@ func Encode(j *Job) []any {
 	if j.Suspect {
 		f = append(f, FieldSuspect, "1")
 	}
+	if j.Track {
+		f = append(f, FieldTrack, "1")
+	}
 	for _, k := range sortedKeys(j.Headers) {
 		f = append(f, HeaderPrefix+k, j.Headers[k])
 	}
@@ -108,7 +111,7 @@ func isFormatField(name string) bool {
 	case FieldVersion, FieldType, FieldPayload, FieldJobID, FieldIdempotencyKey,
 		FieldAttempt, FieldMaxAttempts, FieldCreatedAt, FieldLockKey,
 		FieldContentType, FieldTraceParent, FieldTraceState, FieldLastError,
-		FieldErrorHistory, FieldFirstFailedAt, FieldSuspect:
+		FieldErrorHistory, FieldFirstFailedAt, FieldSuspect, FieldTrack:
 		return true
 	}
 	h, ok := strings.CutPrefix(name, HeaderPrefix)
@@ -216,6 +219,8 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 			}
 		case FieldSuspect:
 			j.Suspect = v == "1"
+		case FieldTrack:
+			j.Track = v == "1"
 		default:
 			if h, ok := strings.CutPrefix(name, HeaderPrefix); ok && h != "" {
 				if j.Headers == nil {

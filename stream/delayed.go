@@ -140,7 +140,7 @@ func PromoteDue(ctx context.Context, rdb redis.Scripter, stream string, limit in
 	if err != nil {
 		return 0, err
 	}
-	n, err := promoteScript.Run(ctx, rdb, []string{keys.Stream, keys.Delayed, keys.Dead}, limit).Int()
+	n, err := promoteScript.Run(ctx, rdb, []string{keys.Stream, keys.Delayed, keys.Dead, keys.Job}, limit).Int()
 	if err != nil {
 		return 0, fmt.Errorf("stream: promote due jobs of %s: %w", stream, err)
 	}

@@ -16,6 +16,11 @@
 --            new entry ID, its own job ID and 0; a job whose marker existed
 --            adds nothing and has the first job's entry ID ("" while that job
 --            waits in the delayed set), the first job's ID and 1.
+-- A job with the field track = "1" and a job ID gets its index record
+-- (stream/index.go), "waiting" with its entry ID, at {stream}:job:<job id>
+-- ("sha1:" and the ID's SHA-1 for an ID over 128 bytes): the script derives
+-- that name from KEYS[1] as stream.KeysFor does, so that callers of the
+-- layout above need no change; the key is in the stream's slot.
 -- A marker is a string "<entry id> <job id>" ("- <job id>" for a scheduled
 -- job) with the window as its time to live; a marker without a space (a
 -- plain SET by another client) is a job ID alone.
@@ -44,8 +49,33 @@ for i = 1, n do
   if not k or not id or not m or k < 0 or k == 1 or k > #KEYS or m < 2 or m > 4000 or m % 2 ~= 0 or pos + 2 + m > #ARGV then
     return redis.error_reply('ERR enqueue.lua: job ' .. i .. ' is not "marker job-id m values..."')
   end
-  jobs[i] = {k, id, pos + 3, pos + 2 + m}
+  local track = false
+  for f = pos + 3, pos + 2 + m, 2 do
+    if ARGV[f] == 'track' and ARGV[f + 1] == '1' then track = true end
+  end
+  jobs[i] = {k, id, pos + 3, pos + 2 + m, track}
   pos = pos + 3 + m
+end
+local function rec(...)
+  local t = {}
+  for _, v in ipairs({...}) do t[#t + 1] = #v .. ':' .. v end
+  return table.concat(t)
+end
+-- The prefix of the index records: stream.KeysFor's rule.
+local prefix = '{' .. KEYS[1] .. '}:job:'
+local open = string.find(KEYS[1], '{', 1, true)
+if open then
+  local close = string.find(KEYS[1], '}', open + 1, true)
+  if close and close > open + 1 then prefix = KEYS[1] .. ':job:' end
+end
+local function jobkey(id)
+  if #id > 128 then return prefix .. 'sha1:' .. redis.sha1hex(id) end
+  return prefix .. id
+end
+for _, j in ipairs(jobs) do
+  if j[5] and redis.acl_check_cmd and not redis.acl_check_cmd('SET', jobkey(j[2]), 'v') then
+    return redis.error_reply('NOPERM the user may not run SET on the index records ' .. prefix .. '*')
+  end
 end
 local out = {}
 for i, j in ipairs(jobs) do
@@ -68,6 +98,7 @@ for i, j in ipairs(jobs) do
       id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, j[3], j[4]))
     end
     if j[1] > 0 then redis.call('SET', KEYS[j[1]], id .. ' ' .. j[2], 'PX', ARGV[2]) end
+    if j[5] and j[2] ~= '' then redis.call('SET', jobkey(j[2]), rec('waiting', id, '', '', '', '')) end
     out[i] = {id, j[2], 0}
   end
 end

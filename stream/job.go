@@ -26,6 +26,7 @@ const (
 	FieldErrorHistory   = "error_history"
 	FieldFirstFailedAt  = "first_failed_at"
 	FieldSuspect        = "suspect"
+	FieldTrack          = "track"
 	// HeaderPrefix starts the name of every user header field: h.<name>.
 	HeaderPrefix = "h."
 )
@@ -80,6 +81,12 @@ type Job struct {
 	// suspect's (see consumer.Config.MaxCrashes), although it comes back as
 	// a new entry. Producers leave it unset.
 	Suspect bool
+	// Track makes Redis keep the job's index record ([Keys].Job), so
+	// that control.Lookup finds where the job is and control.Cancel can
+	// cancel it: every script that changes the job's state rewrites the
+	// record (one write). On the wire it is "track": "1". Set by
+	// [ProducerConfig].Track; retries carry it over.
+	Track bool
 	// Headers are the user headers (h.<name> fields), without the prefix.
 	Headers map[string]string
 	// Extra holds the fields this version of the format does not know. They

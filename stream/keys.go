@@ -55,6 +55,11 @@ type Keys struct {
 	// queue's consumers that its pauses changed. A channel, not a key: a
 	// Redis ACL covers it with "&{orders}:*".
 	Control string
+	// Job is the prefix of the index records of tracked jobs (see
+	// [Job].Track): the record of job ID id is Job + id (a "sha1:" and
+	// the SHA-1 of the ID in hex when the ID is over 128 bytes; see
+	// [JobKey]), a string that says where the job is now.
+	Job string
 }
 
 // KeysFor returns the keys of the queue whose stream is named stream.
@@ -80,6 +85,7 @@ type Keys struct {
 //	{orders}:periodic:tick:<name>:<tick ms>   per-tick markers of periodic schedules
 //	{orders}:paused         pauses (package control)
 //	{orders}:control        the Pub/Sub channel of pause changes
+//	{orders}:job:<job id>   index records of tracked jobs (control.Lookup)
 //
 // Dead-letter replays add {orders}:dlq:replay and {orders}:dlq:replay:cursor
 // (the dead-letter stream's derived keys). Locks, idempotency records and
@@ -104,6 +110,7 @@ func KeysFor(stream string) (Keys, error) {
 		Periodic: prefix + ":periodic:",
 		Paused:   prefix + ":paused",
 		Control:  prefix + ":control",
+		Job:      prefix + ":job:",
 	}, nil
 }
 

@@ -161,10 +161,10 @@ func TestKeysFor(t *testing.T) {
 		}{
 			{"orders", stream.Keys{Stream: "orders", Dead: "{orders}:dlq", Delayed: "{orders}:delayed", Crashes: "{orders}:crashes:",
 				Once: "{orders}:once:", Idem: "{orders}:idem:", Lock: "{orders}:lock:", Rate: "{orders}:rate:", Limit: "{orders}:limit:", Periodic: "{orders}:periodic:",
-				Paused: "{orders}:paused", Control: "{orders}:control"}},
+				Paused: "{orders}:paused", Control: "{orders}:control", Job: "{orders}:job:"}},
 			{"{shop}:orders", stream.Keys{Stream: "{shop}:orders", Dead: "{shop}:orders:dlq", Delayed: "{shop}:orders:delayed", Crashes: "{shop}:orders:crashes:",
 				Once: "{shop}:orders:once:", Idem: "{shop}:orders:idem:", Lock: "{shop}:orders:lock:", Rate: "{shop}:orders:rate:", Limit: "{shop}:orders:limit:", Periodic: "{shop}:orders:periodic:",
-				Paused: "{shop}:orders:paused", Control: "{shop}:orders:control"}},
+				Paused: "{shop}:orders:paused", Control: "{shop}:orders:control", Job: "{shop}:orders:job:"}},
 		}
 		for _, tt := range tests {
 			got, err := stream.KeysFor(tt.name)

@@ -151,9 +151,16 @@ func onceResult(r any) (entry, jobID string, err error) {
 func (p *Producer) scheduleArgs(job *Job, mode string, ms int64, member string) ([]string, []any) {
 	keys, _ := KeysFor(p.cfg.Stream)
 	k := p.onceKey(job)
-	if k == "" {
+	if k == "" && !job.Track {
 		return []string{keys.Delayed}, []any{mode, ms, member}
 	}
-	return []string{keys.Delayed, p.onceAt + k},
-		[]any{mode, ms, member, strconv.FormatInt(p.cfg.EnqueueOnce.Milliseconds(), 10), job.ID}
+	ks, window := []string{keys.Delayed}, "0"
+	if k != "" {
+		ks, window = append(ks, p.onceAt+k), strconv.FormatInt(p.cfg.EnqueueOnce.Milliseconds(), 10)
+	}
+	argv := []any{mode, ms, member, window, job.ID}
+	if job.Track {
+		ks, argv = append(ks, JobKey(keys, job.ID)), append(argv, "1")
+	}
+	return ks, argv
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,7 +37,7 @@ type ProducerConfig struct {
 	// keys: package outbox uses "relayed", so that no idempotency key can
 	// suppress a relayed job. It must be letters, digits, '-' or '_', and
 	// none of the queue's other key names (dlq, delayed, crashes, idem,
-	// lock, rate, limit, periodic). Defaults to "once".
+	// lock, rate, limit, periodic, paused, control, job). Defaults to "once".
 	OnceNamespace string
 	// MaxLen, when positive, trims the stream to about MaxLen entries on every
 	// XADD (XADD MAXLEN ~). Redis trims by count and does not look at consumer
@@ -51,6 +52,14 @@ type ProducerConfig struct {
 	Prepare func(ctx context.Context, job *Job)
 	// Stream is the stream jobs are added to. Required.
 	Stream string
+	// Track sets [Job].Track on every job the producer adds, so that
+	// control.Lookup finds it and control.Cancel can cancel it. A tracked
+	// job costs one more write per state change (enqueue, promotion,
+	// retry, completion), in the scripts that make the change, and its
+	// record lives for the consumer's Config.TrackTTL once it is finished;
+	// Enqueue of a tracked job runs the enqueue script instead of a plain
+	// XADD. Defaults to false (jobs are tracked only if Job.Track is set).
+	Track bool
 }
 
 // Producer adds jobs to one stream.
@@ -126,7 +135,7 @@ func (p *Producer) Enqueue(ctx context.Context, job *Job) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if p.once(job) {
+	if p.once(job) || job.Track {
 		res, err := p.enqueueOnce(ctx, []*Job{job}, []*redis.XAddArgs{args})
 		if err != nil {
 			return "", err
@@ -160,7 +169,7 @@ func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, err
 		}
 		all[i] = args
 	}
-	if p.cfg.EnqueueOnce > 0 {
+	if p.cfg.EnqueueOnce > 0 || slices.ContainsFunc(jobs, func(j *Job) bool { return j.Track }) {
 		return p.enqueueOnce(ctx, jobs, all)
 	}
 	cmds := make([]*redis.StringCmd, len(jobs))
@@ -193,6 +202,9 @@ func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) 
 	if err := p.ensureID(job); err != nil {
 		return nil, err
 	}
+	if p.cfg.Track {
+		job.Track = true
+	}
 	if p.cfg.Prepare != nil {
 		p.cfg.Prepare(ctx, job)
 	}
@@ -208,7 +220,7 @@ func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) 
 // ProducerConfig.OnceNamespace).
 func validOnceNamespace(ns string) bool {
 	switch ns {
-	case "dlq", "delayed", "crashes", "idem", "lock", "rate", "limit", "periodic":
+	case "dlq", "delayed", "crashes", "idem", "lock", "rate", "limit", "periodic", "paused", "control", "job":
 		return false
 	}
 	for _, r := range ns {

@@ -2,6 +2,10 @@
 -- KEYS[1]  stream
 -- KEYS[2]  delayed set
 -- KEYS[3]  dead-letter stream (for a member that cannot be moved)
+-- KEYS[4]  the prefix of the index records ({stream}:job:): a moved job with
+--          track = "1" and a job_id gets its record KEYS[4] .. job id ("sha1:"
+--          and the ID's SHA-1 for an ID over 128 bytes; stream/index.go),
+--          "waiting" with the new entry ID: a key in the stream's slot
 -- ARGV[1]  at most this many jobs
 -- Returns  the number of jobs moved (or set aside).
 -- A member is "<source id>|" followed by the new entry's field names and
@@ -42,13 +46,26 @@ for i, m in ipairs(due) do parsed[i] = parse(m) or false end
 -- what it wrote: check every command first (Redis 7; nothing to check on
 -- servers without ACL checks in scripts).
 if #due > 0 and redis.acl_check_cmd and not (redis.acl_check_cmd('ZREM', KEYS[2], 'm')
-    and redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v') and redis.acl_check_cmd('XADD', KEYS[3], '*', 'f', 'v')) then
-  return redis.error_reply('NOPERM the user may not run ZREM on the delayed set or XADD on the stream or its dead-letter stream')
+    and redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v') and redis.acl_check_cmd('XADD', KEYS[3], '*', 'f', 'v')
+    and redis.acl_check_cmd('SET', KEYS[4] .. 'x', 'v')) then
+  return redis.error_reply('NOPERM the user may not run ZREM on the delayed set, XADD on the stream or its dead-letter stream, or SET on the index records')
+end
+local function track(f)
+  local on, id = false, nil
+  for k = 1, #f, 2 do
+    if f[k] == 'track' and f[k + 1] == '1' then on = true
+    elseif f[k] == 'job_id' then id = f[k + 1] end
+  end
+  if not on or not id or id == '' then return nil end
+  if #id > 128 then return KEYS[4] .. 'sha1:' .. redis.sha1hex(id) end
+  return KEYS[4] .. id
 end
 for i, m in ipairs(due) do
   redis.call('ZREM', KEYS[2], m)
   if parsed[i] then
-    redis.call('XADD', KEYS[1], '*', unpack(parsed[i]))
+    local id = redis.call('XADD', KEYS[1], '*', unpack(parsed[i]))
+    local index = track(parsed[i])
+    if index then redis.call('SET', index, '7:waiting' .. #id .. ':' .. id .. '0:0:0:0:') end
   else
     redis.call('XADD', KEYS[3], '*', 'dead_reason', 'malformed', 'dead_error',
       'delayed-set member does not parse, or has more than 1100 fields', 'delayed_member', m,
