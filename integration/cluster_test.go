@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pelicanqueue/pelican/control"
 	"github.com/pelicanqueue/pelican/periodic"
 	"io/fs"
 	"log/slog"
@@ -118,6 +119,7 @@ func TestCluster(t *testing.T) {
 				clusterMiddleware(t, cc, name)
 				clusterControl(t, cc, name)
 				clusterPeriodic(t, cc, name)
+				clusterLookup(t, cc, name)
 			})
 		}
 		t.Run("shutdown", func(t *testing.T) {
@@ -928,4 +930,27 @@ func clusterPeriodic(t *testing.T, cc *redis.ClusterClient, name string) {
 		}
 		return false, fmt.Sprintf("no tick of schedule cluster in %s yet (%v)", name, err)
 	})
+}
+
+// clusterLookup schedules a tracked job on queue name of the cluster, finds
+// it, cancels it and finds it cancelled: control/cancel.lua and the index
+// writes of schedule.lua, with every key in the stream's slot.
+func clusterLookup(t *testing.T, cc *redis.ClusterClient, name string) {
+	t.Helper()
+	ctx := t.Context()
+	p := stream.NewProducer(cc, stream.ProducerConfig{Stream: name, Track: true})
+	job := &stream.Job{Type: "t", ID: "cluster-lookup"}
+	clusterMust(t, "EnqueueIn", p.EnqueueIn(ctx, job, time.Hour))
+	info, err := control.Lookup(ctx, cc, name, job.ID)
+	clusterMust(t, "Lookup", err)
+	if info.State != stream.StateScheduled {
+		t.Fatalf("Lookup of a scheduled job: state %q, want %q", info.State, stream.StateScheduled)
+	}
+	_, err = control.Cancel(ctx, cc, name, job.ID)
+	clusterMust(t, "Cancel", err)
+	info, err = control.Lookup(ctx, cc, name, job.ID)
+	clusterMust(t, "Lookup", err)
+	if info.State != stream.StateCancelled {
+		t.Fatalf("Lookup after Cancel: state %q, want %q", info.State, stream.StateCancelled)
+	}
 }
