@@ -88,6 +88,7 @@ type Collector struct {
 	cfg    CollectorConfig
 	queues []Queue // defaults applied
 	now    func() time.Time
+	err    error // what CollectorConfig.Validate said; Collect reports it
 
 	streamLen, pending, lag, oldestAge, oldestIdle, delayed, deadLen *prometheus.Desc
 	paused                                                           *prometheus.Desc
@@ -122,10 +123,25 @@ type groupState struct {
 	oldestIdleTime time.Duration
 }
 
+// Validate reports the first queue of c that is not valid, naming the
+// field: each needs a Stream that stream.KeysFor accepts, and Groups.
+func (c CollectorConfig) Validate() error {
+	for i, q := range c.Queues {
+		if q.Stream == "" || len(q.Groups) == 0 {
+			return fmt.Errorf("metrics: CollectorConfig.Queues[%d] needs a Stream and Groups", i)
+		}
+		if _, err := stream.KeysFor(q.Stream); err != nil {
+			return fmt.Errorf("metrics: CollectorConfig.Queues[%d].Stream: %w", i, err)
+		}
+	}
+	return nil
+}
+
 // NewCollector returns a collector of the queues' state in Redis and of
 // the consumers' counters. Register it with a prometheus.Registerer. It
-// panics if a queue has no Stream or no Groups, or a stream name is
-// invalid (see stream.KeysFor).
+// does not fail: a cfg that [CollectorConfig.Validate] rejects collects
+// nothing, and every Gather returns that error, naming the field, without
+// touching Redis.
 //
 // On a scrape older than cfg.CacheFor since the last refresh it reads, in
 // one pipelined round trip: XLEN of each stream and dead-letter stream,
@@ -177,26 +193,24 @@ func NewCollector(rdb redis.UniversalClient, cfg CollectorConfig) *Collector {
 	if cfg.Namespace == "" {
 		cfg.Namespace = DefaultNamespace
 	}
-	queues := make([]Queue, len(cfg.Queues))
-	for i, q := range cfg.Queues {
-		if q.Stream == "" || len(q.Groups) == 0 {
-			panic(fmt.Sprintf("metrics: CollectorConfig.Queues[%d] needs a Stream and Groups", i))
+	err := cfg.Validate()
+	var queues []Queue
+	for _, q := range cfg.Queues {
+		if err != nil {
+			break // a bad config collects nothing but its error
 		}
 		if q.DeadLetterStream == "" {
-			keys, err := stream.KeysFor(q.Stream)
-			if err != nil {
-				panic(fmt.Sprintf("metrics: CollectorConfig.Queues[%d].Stream: %v", i, err))
-			}
+			keys, _ := stream.KeysFor(q.Stream)
 			q.DeadLetterStream = keys.Dead
 		}
-		queues[i] = q
+		queues = append(queues, q)
 	}
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(cfg.Namespace, "", name), help, labels, nil)
 	}
 	sg := []string{"stream", "group"}
 	return &Collector{
-		rdb: rdb, cfg: cfg, queues: queues, now: time.Now,
+		rdb: rdb, cfg: cfg, queues: queues, now: time.Now, err: err,
 		streamLen:  d("stream_length", "Entries in the job stream (XLEN).", "stream"),
 		pending:    d("pending_jobs", "Entries delivered to the group and not acknowledged (its pending entries list).", sg...),
 		lag:        d("group_lag", "Entries of the stream not yet delivered to the group (XINFO GROUPS lag).", sg...),
@@ -229,6 +243,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.err != nil {
+		ch <- prometheus.NewInvalidMetric(c.up, c.err) // Gather fails with it
+		return
+	}
 	snap, ok, errs := c.state()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)

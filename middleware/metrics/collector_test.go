@@ -267,3 +267,28 @@ func TestCollector_partitioned(t *testing.T) {
 		t.Error("PartitionedQueue accepted a queue name with braces")
 	}
 }
+
+// A bad CollectorConfig is an error naming the field, from Validate and
+// from every Gather, and Redis is never touched (the client's address is
+// unusable).
+func TestCollector_badConfig(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	for _, tc := range []struct {
+		cfg  metrics.CollectorConfig
+		want string
+	}{
+		{metrics.CollectorConfig{Queues: []metrics.Queue{{Stream: "s"}}}, "CollectorConfig.Queues[0] needs a Stream and Groups"},
+		{metrics.CollectorConfig{Queues: []metrics.Queue{{Stream: "s", Groups: []string{"g"}}, {Stream: "a}b", Groups: []string{"g"}}}}, "CollectorConfig.Queues[1].Stream"},
+	} {
+		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate = %v, want an error naming %s", err, tc.want)
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(metrics.NewCollector(rdb, tc.cfg))
+		if _, err := reg.Gather(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Gather = %v, want the config error naming %s", err, tc.want)
+		}
+	}
+}
