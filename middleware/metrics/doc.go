@@ -47,10 +47,11 @@
 // what the chain returned), never derived here; the attempt limit is the
 // job's (job.AttemptLimit, filled in by the consumer).
 //
-// Construction: [New] and [NewCollector] return their value and panic only
-// on a programmer error documented there (a second registration of the
-// same metrics, a queue without a stream); Config.Validate reports a bad
-// field ahead.
+// Construction: [New] and [NewCollector] return their value. New panics
+// only on a programmer error documented there (a second registration of
+// the same metrics); a CollectorConfig that CollectorConfig.Validate
+// rejects makes every Gather fail with the error naming the field.
+// Config.Validate reports a bad field ahead.
 //
 // metrics imports consumer, stream and lockx. No core package imports it:
 // Prometheus stays out of stream, consumer, claim, lockx and idem
