@@ -1,0 +1,272 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/control"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/stream"
+)
+
+// a14HangMain is a consumer process whose handler marks the job started in
+// Redis and then hangs (until SIGKILL).
+func a14HangMain() int {
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("A14_ADDR")})
+	defer rdb.Close()
+	h := consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		rdb.Set(context.Background(), os.Getenv("A14_MARK"), j.ID, time.Minute)
+		select {}
+	})
+	c := consumer.New(rdb, consumer.Config{Stream: os.Getenv("A14_STREAM"), Group: "g", Consumer: "victim",
+		VisibilityTimeout: time.Second, Block: 100 * time.Millisecond}).Handle(h)
+	if err := c.Run(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+func init() { subprocessModes["a14hang"] = a14HangMain }
+
+func a14WaitState(t *testing.T, rdb redis.UniversalClient, name, id string, d time.Duration, ok func(control.JobInfo) bool) control.JobInfo {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		info, err := control.Lookup(context.Background(), rdb, name, id)
+		if err == nil && ok(info) {
+			return info
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Lookup(%s) = %+v, %v; condition not met within %v", id, info, err, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A consumer process is SIGKILLed mid-job: Lookup says running, held by the
+// dead consumer; once another consumer takes the job over and finishes it,
+// Lookup says done with its result, the record lives TrackTTL and nothing is
+// pending.
+func TestAttack14Lookup_sigkillTakeover(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	name := redistest.Name(t)
+	keys, _ := stream.KeysFor(name)
+	mark := name + ":mark"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	job := &stream.Job{Type: "w", Payload: []byte(`{}`)}
+	t.Cleanup(func() {
+		rdb.Del(context.Background(), name, keys.Delayed, keys.Dead, mark, stream.JobKey(keys, job.ID))
+	})
+	if _, err := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, Track: true}).Enqueue(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	w := startSubprocess(t, "a14hang", "A14_ADDR="+redistest.Addr(), "A14_STREAM="+name, "A14_MARK="+mark)
+	eventually(t, 60*time.Second, func() (bool, string) {
+		return rdb.Get(ctx, mark).Val() == job.ID, "victim never started the job"
+	})
+	run := a14WaitState(t, rdb, name, job.ID, 10*time.Second, func(i control.JobInfo) bool { return i.State == control.StateRunning })
+	if run.Consumer != "victim" || run.Group != "g" || run.Deliveries < 1 {
+		t.Errorf("running = %+v; want victim of g", run)
+	}
+	w.kill()
+	// Still running (held by the dead consumer) until taken over.
+	if info, err := control.Lookup(ctx, rdb, name, job.ID); err != nil || info.State != control.StateRunning {
+		t.Errorf("after SIGKILL Lookup = %+v, %v; want running (held by the dead consumer)", info, err)
+	}
+	var runs atomic.Int32
+	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: "rescuer", VisibilityTimeout: time.Second,
+		SweepInterval: 100 * time.Millisecond, Block: 100 * time.Millisecond, TrackTTL: time.Hour}).
+		Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+			runs.Add(1)
+			return consumer.SetResult(ctx, []byte("rescued"))
+		}))
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	fin := a14WaitState(t, rdb, name, job.ID, 60*time.Second, func(i control.JobInfo) bool { return i.State == stream.StateDone })
+	if string(fin.Result) != "rescued" || fin.At.IsZero() || fin.Consumer != "" || fin.EntryID != "" && fin.Deliveries != 0 {
+		t.Errorf("done = %+v; want result rescued, a time, no consumer", fin)
+	}
+	if ttl := rdb.PTTL(ctx, stream.JobKey(keys, job.ID)).Val(); ttl <= 0 || ttl > time.Hour {
+		t.Errorf("done record lives %v; want TrackTTL 1h", ttl)
+	}
+	eventually(t, 10*time.Second, func() (bool, string) {
+		n := rdb.XPending(ctx, name, "g").Val().Count
+		return n == 0, fmt.Sprintf("%d pending", n)
+	})
+	if n := runs.Load(); n != 1 {
+		t.Errorf("rescuer ran the job %d times; want 1", n)
+	}
+}
+
+// Cancel races consumer processes' worth of readers, many times: every job
+// ends in exactly one final state; a job whose Cancel succeeded never runs;
+// a job whose Cancel was refused ran (done); none is lost.
+func TestAttack14Cancel_raceMany(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	name := redistest.Name(t)
+	keys, _ := stream.KeysFor(name)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 200
+	var mu sync.Mutex
+	ran := map[string]int{}
+	var ids []string
+	t.Cleanup(func() {
+		for _, id := range ids {
+			rdb.Del(context.Background(), stream.JobKey(keys, id))
+		}
+		rdb.Del(context.Background(), name, keys.Delayed, keys.Dead)
+	})
+	h := consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		mu.Lock()
+		ran[j.ID]++
+		mu.Unlock()
+		return nil
+	})
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: fmt.Sprintf("c%d", i),
+			Block: 50 * time.Millisecond, Concurrency: 4}).Handle(h)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = c.Run(ctx) }()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, Track: true})
+	cancelled := map[string]string{}
+	refused := map[string]error{}
+	for i := 0; i < n; i++ {
+		j := &stream.Job{Type: "w", Payload: []byte(`{}`)}
+		if _, err := p.Enqueue(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, j.ID)
+		if i%3 == 0 {
+			time.Sleep(time.Duration(i%7) * time.Millisecond)
+		}
+		was, err := control.Cancel(ctx, rdb, name, j.ID)
+		switch {
+		case err == nil:
+			cancelled[j.ID] = was
+		case errors.Is(err, control.ErrJobRunning), errors.Is(err, control.ErrJobFinished):
+			refused[j.ID] = err
+		default:
+			t.Fatalf("Cancel(%s): %v", j.ID, err)
+		}
+	}
+	for _, id := range ids {
+		want := stream.StateDone
+		if _, ok := cancelled[id]; ok {
+			want = stream.StateCancelled
+		}
+		info := a14WaitState(t, rdb, name, id, 30*time.Second, func(i control.JobInfo) bool {
+			return i.State == stream.StateDone || i.State == stream.StateCancelled
+		})
+		if info.State != want {
+			t.Errorf("job %s: Lookup %s; want %s (cancel: %q, refused: %v)", id, info.State, want, cancelled[id], refused[id])
+		}
+	}
+	// Let the consumers read anything left, then count runs.
+	eventually(t, 10*time.Second, func() (bool, string) {
+		c := rdb.XPending(ctx, name, "g").Val().Count
+		return c == 0, fmt.Sprintf("%d pending", c)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		_, c := cancelled[id]
+		if c && ran[id] != 0 {
+			t.Errorf("job %s cancelled (was %s) but ran %d times", id, cancelled[id], ran[id])
+		}
+		if !c && ran[id] != 1 {
+			t.Errorf("job %s not cancelled but ran %d times", id, ran[id])
+		}
+	}
+	t.Logf("%d cancelled, %d refused", len(cancelled), len(refused))
+}
+
+// The CLI's exit codes and output for pelican job and pelican cancel.
+func TestAttack14Lookup_cliExitCodes(t *testing.T) {
+	t.Parallel()
+	cli := pelicanCLI(t)
+	rdb := redistest.Shared(t)
+	name := redistest.Name(t)
+	keys, _ := stream.KeysFor(name)
+	ctx := context.Background()
+	url := "redis://" + redistest.Addr() + "/0"
+	run := func(args ...string) (int, string) {
+		cmd := exec.Command(cli, append([]string{"--redis", url}, args...)...)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, string(out)
+	}
+	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, Track: true})
+	sched := &stream.Job{Type: "w", Payload: []byte(`{"secret":"payload-xyz"}`)}
+	wait := &stream.Job{Type: "w", Payload: []byte(`{"secret":"payload-xyz"}`)}
+	t.Cleanup(func() {
+		rdb.Del(context.Background(), name, keys.Delayed, keys.Dead, stream.JobKey(keys, sched.ID), stream.JobKey(keys, wait.ID), stream.JobKey(keys, "garbage"))
+	})
+	if err := p.EnqueueIn(ctx, sched, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Enqueue(ctx, wait); err != nil {
+		t.Fatal(err)
+	}
+	check := func(wantCode int, wantOut string, args ...string) {
+		t.Helper()
+		code, out := run(args...)
+		if code != wantCode || !strings.Contains(out, wantOut) {
+			t.Errorf("pelican %q: exit %d, output %q; want exit %d containing %q", args, code, out, wantCode, wantOut)
+		}
+		if strings.Contains(out, "payload-xyz") {
+			t.Errorf("pelican %q prints the payload: %q", args, out)
+		}
+	}
+	check(0, "scheduled", "job", name, sched.ID)
+	check(0, "waiting", "job", name, wait.ID)
+	check(0, "scheduled", "-o", "json", "job", name, sched.ID)
+	check(4, "", "job", name, "no-such-job")
+	check(4, "", "cancel", name, "no-such-job")
+	check(2, "", "job", name)
+	check(2, "", "cancel", name)
+	check(2, "", "job", name, "a", "b")
+	check(0, "", "cancel", name, sched.ID)
+	check(0, "cancelled", "job", name, sched.ID)
+	check(1, "", "cancel", name, sched.ID) // finished
+	check(0, "", "cancel", name, wait.ID)
+	check(1, "", "cancel", name, wait.ID)
+	rdb.Set(ctx, stream.JobKey(keys, "garbage"), "garbage", 0)
+	check(1, "", "job", name, "garbage")
+	check(1, "", "cancel", name, "garbage")
+	if code, _ := run("job", name, strings.Repeat("x", control.MaxJobIDBytes+1)); code != 2 && code != 1 {
+		t.Errorf("pelican job with a too-long ID exits %d; want 2 (usage) or 1", code)
+	}
+	// Redis unreachable: 1.
+	cmd := exec.Command(cli, "--redis", "redis://127.0.0.1:1/0", "job", name, "x")
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("pelican job against an unreachable Redis: %v; want exit 1", err)
+	}
+}
