@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -150,23 +152,29 @@ func TestAttack14Cancel_raceMany(t *testing.T) {
 	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, Track: true})
 	cancelled := map[string]string{}
 	refused := map[string]error{}
-	for i := 0; i < n; i++ {
-		j := &stream.Job{Type: "w", Payload: []byte(`{}`)}
-		if _, err := p.Enqueue(ctx, j); err != nil {
-			t.Fatal(err)
+	// Batches of 10 enqueued at once (one pipeline-free burst), then
+	// cancelled newest first: the consumers get some, Cancel others.
+	for b := 0; b < n/10; b++ {
+		var batch []string
+		for i := 0; i < 10; i++ {
+			j := &stream.Job{Type: "w", Payload: []byte(`{}`)}
+			if _, err := p.Enqueue(ctx, j); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, j.ID)
+			batch = append(batch, j.ID)
 		}
-		ids = append(ids, j.ID)
-		if i%3 == 0 {
-			time.Sleep(time.Duration(i%7) * time.Millisecond)
-		}
-		was, err := control.Cancel(ctx, rdb, name, j.ID)
-		switch {
-		case err == nil:
-			cancelled[j.ID] = was
-		case errors.Is(err, control.ErrJobRunning), errors.Is(err, control.ErrJobFinished):
-			refused[j.ID] = err
-		default:
-			t.Fatalf("Cancel(%s): %v", j.ID, err)
+		for i := len(batch) - 1; i >= 0; i-- {
+			id := batch[i]
+			was, err := control.Cancel(ctx, rdb, name, id)
+			switch {
+			case err == nil:
+				cancelled[id] = was
+			case errors.Is(err, control.ErrJobRunning), errors.Is(err, control.ErrJobFinished):
+				refused[id] = err
+			default:
+				t.Fatalf("Cancel(%s): %v", id, err)
+			}
 		}
 	}
 	for _, id := range ids {
@@ -269,4 +277,113 @@ func TestAttack14Lookup_cliExitCodes(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
 		t.Errorf("pelican job against an unreachable Redis: %v; want exit 1", err)
 	}
+}
+
+// Cancel races promotion and retries: jobs scheduled a few ms ahead, whose
+// first attempt fails with a short RetryAfter, are cancelled at spread-out
+// moments while two consumers promote and run them. Every job ends in
+// exactly one final state; a successfully cancelled job never runs after the
+// Cancel returned (and never completes); a refused one is done.
+func TestAttack14Cancel_racePromoteRetry(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	name := redistest.Name(t)
+	keys, _ := stream.KeysFor(name)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 150
+	var mu sync.Mutex
+	runs := map[string][]time.Time{}
+	var ids []string
+	t.Cleanup(func() {
+		for _, id := range ids {
+			rdb.Del(context.Background(), stream.JobKey(keys, id))
+		}
+		rdb.Del(context.Background(), name, keys.Delayed, keys.Dead)
+	})
+	h := consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		mu.Lock()
+		runs[j.ID] = append(runs[j.ID], time.Now())
+		first := len(runs[j.ID]) == 1
+		mu.Unlock()
+		if first {
+			return consumer.RetryAfter(5*time.Millisecond, errors.New("first attempt fails"))
+		}
+		return nil
+	})
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: fmt.Sprintf("c%d", i),
+			Block: 50 * time.Millisecond, Concurrency: 4, PromoteInterval: 5 * time.Millisecond, MaxAttempts: 10, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).Handle(h)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = c.Run(ctx) }()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, Track: true})
+	type res struct {
+		was string
+		at  time.Time
+		err error
+	}
+	results := map[string]res{}
+	var rmu sync.Mutex
+	var cw sync.WaitGroup
+	for i := 0; i < n; i++ {
+		j := &stream.Job{Type: "w", Payload: []byte(`{}`)}
+		if err := p.EnqueueIn(ctx, j, time.Duration(i%4)*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, j.ID)
+		cw.Add(1)
+		go func(id string, delay time.Duration) {
+			defer cw.Done()
+			time.Sleep(delay)
+			was, err := control.Cancel(ctx, rdb, name, id)
+			rmu.Lock()
+			results[id] = res{was, time.Now(), err}
+			rmu.Unlock()
+		}(j.ID, time.Duration(i%25)*time.Millisecond)
+	}
+	cw.Wait()
+	stats := map[string]int{}
+	for _, id := range ids {
+		r := results[id]
+		want := stream.StateDone
+		switch {
+		case r.err == nil:
+			want = stream.StateCancelled
+			stats["cancelled "+r.was]++
+		case errors.Is(r.err, control.ErrJobRunning), errors.Is(r.err, control.ErrJobFinished):
+			stats["refused"]++
+		default:
+			t.Errorf("Cancel(%s): %v", id, r.err)
+			continue
+		}
+		info := a14WaitState(t, rdb, name, id, 30*time.Second, func(i control.JobInfo) bool {
+			return i.State == stream.StateDone || i.State == stream.StateCancelled || i.State == stream.StateDead
+		})
+		if info.State != want {
+			t.Errorf("job %s: Lookup %+v; want %s (cancel %+v)", id, info, want, r)
+		}
+	}
+	eventually(t, 10*time.Second, func() (bool, string) {
+		c := rdb.XPending(ctx, name, "g").Val().Count
+		return c == 0, fmt.Sprintf("%d pending", c)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		r := results[id]
+		if r.err == nil {
+			for _, at := range runs[id] {
+				if at.After(r.at) {
+					t.Errorf("job %s cancelled (was %s) at %v but ran at %v", id, r.was, r.at, at)
+				}
+			}
+		}
+	}
+	if n := rdb.ZCard(ctx, keys.Delayed).Val(); n != 0 {
+		t.Errorf("%d members left in the delayed set", n)
+	}
+	t.Logf("outcomes: %v", stats)
 }
