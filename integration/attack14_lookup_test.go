@@ -90,15 +90,28 @@ func TestAttack14Lookup_sigkillTakeover(t *testing.T) {
 		t.Errorf("after SIGKILL Lookup = %+v, %v; want running (held by the dead consumer)", info, err)
 	}
 	var runs atomic.Int32
+	release := make(chan struct{})
 	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: "rescuer", VisibilityTimeout: time.Second,
 		SweepInterval: 100 * time.Millisecond, Block: 100 * time.Millisecond, TrackTTL: time.Hour}).
 		Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 			runs.Add(1)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 			return consumer.SetResult(ctx, []byte("rescued"))
 		}))
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	defer func() { cancel(); <-done }()
+	taken := a14WaitState(t, rdb, name, job.ID, 60*time.Second, func(i control.JobInfo) bool {
+		return i.State == control.StateRunning && i.Consumer == "rescuer"
+	})
+	if taken.Deliveries < 2 || taken.EntryID != run.EntryID || taken.Idle > 30*time.Second {
+		t.Errorf("taken over = %+v; want rescuer, 2+ deliveries, entry %s, small idle", taken, run.EntryID)
+	}
+	close(release)
 	fin := a14WaitState(t, rdb, name, job.ID, 60*time.Second, func(i control.JobInfo) bool { return i.State == stream.StateDone })
 	if string(fin.Result) != "rescued" || fin.At.IsZero() || fin.Consumer != "" || fin.EntryID != "" && fin.Deliveries != 0 {
 		t.Errorf("done = %+v; want result rescued, a time, no consumer", fin)
