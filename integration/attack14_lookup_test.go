@@ -18,6 +18,7 @@ import (
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/control"
+	"github.com/pelicanqueue/pelican/dlq"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -399,4 +400,94 @@ func TestAttack14Cancel_racePromoteRetry(t *testing.T) {
 		t.Errorf("%d members left in the delayed set", n)
 	}
 	t.Logf("outcomes: %v", stats)
+}
+
+// A tracked job exhausts its attempts (retryable errors, MaxAttempts 2):
+// Lookup says dead with the reason and the last error; replayed, it is
+// waiting; cancelled then, it is cancelled and a consumer started afterwards
+// never runs it; a second dead job replayed runs to done with its result.
+func TestAttack14Lookup_deadReplayCancel(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	name := "{" + redistest.Name(t) + "}:jobs"
+	keys, _ := stream.KeysFor(name)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := &stream.Job{Type: "w", Payload: []byte(`{}`)}
+	b := &stream.Job{Type: "w", Payload: []byte(`{}`)}
+	t.Cleanup(func() {
+		rdb.Del(context.Background(), name, keys.Delayed, keys.Dead, stream.JobKey(keys, a.ID), stream.JobKey(keys, b.ID))
+	})
+	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, Track: true})
+	for _, j := range []*stream.Job{a, b} {
+		if _, err := p.Enqueue(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var fail atomic.Bool
+	fail.Store(true)
+	var mu sync.Mutex
+	ran := map[string]int{}
+	h := consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+		mu.Lock()
+		ran[j.ID]++
+		mu.Unlock()
+		if fail.Load() {
+			return consumer.RetryAfter(time.Millisecond, errors.New("upstream 503"))
+		}
+		return consumer.SetResult(ctx, []byte("ok-"+j.ID[:4]))
+	})
+	runConsumer := func() func() {
+		rctx, stop := context.WithCancel(ctx)
+		c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: "c1", Block: 50 * time.Millisecond,
+			MaxAttempts: 2, PromoteInterval: 10 * time.Millisecond, Logger: quiet}).Handle(h)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(rctx) }()
+		return func() { stop(); <-done }
+	}
+	stop := runConsumer()
+	for _, j := range []*stream.Job{a, b} {
+		d := a14WaitState(t, rdb, name, j.ID, 30*time.Second, func(i control.JobInfo) bool { return i.State == stream.StateDead })
+		if !strings.Contains(d.Error, "upstream 503") || !strings.Contains(d.Error, ": ") || d.At.IsZero() {
+			t.Errorf("dead = %+v; want \"<reason>: upstream 503\" and a time", d)
+		}
+		if _, err := control.Cancel(ctx, rdb, name, j.ID); !errors.Is(err, control.ErrJobFinished) {
+			t.Errorf("Cancel(dead) = %v; want ErrJobFinished", err)
+		}
+	}
+	stop()
+	mu.Lock()
+	ranBefore := ran[a.ID]
+	mu.Unlock()
+	dl, err := dlq.New(rdb, name, dlq.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := dl.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{}); err != nil || res.Replayed != 2 {
+		t.Fatalf("Replay = %+v, %v; want 2", res, err)
+	}
+	for _, j := range []*stream.Job{a, b} {
+		if info, err := control.Lookup(ctx, rdb, name, j.ID); err != nil || info.State != stream.StateWaiting {
+			t.Errorf("after replay Lookup = %+v, %v; want waiting", info, err)
+		}
+	}
+	if was, err := control.Cancel(ctx, rdb, name, a.ID); err != nil || was != stream.StateWaiting {
+		t.Fatalf("Cancel(replayed waiting) = %q, %v", was, err)
+	}
+	fail.Store(false)
+	stop = runConsumer()
+	defer stop()
+	fin := a14WaitState(t, rdb, name, b.ID, 30*time.Second, func(i control.JobInfo) bool { return i.State == stream.StateDone })
+	if string(fin.Result) != "ok-"+b.ID[:4] {
+		t.Errorf("replayed job done = %+v; want its result", fin)
+	}
+	if info, err := control.Lookup(ctx, rdb, name, a.ID); err != nil || info.State != stream.StateCancelled {
+		t.Errorf("cancelled replayed job: Lookup = %+v, %v; want cancelled", info, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if ran[a.ID] != ranBefore {
+		t.Errorf("cancelled replayed job ran again (%d -> %d)", ranBefore, ran[a.ID])
+	}
 }
