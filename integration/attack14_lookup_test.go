@@ -153,12 +153,13 @@ func TestAttack14Cancel_raceMany(t *testing.T) {
 		mu.Lock()
 		ran[j.ID]++
 		mu.Unlock()
+		time.Sleep(time.Millisecond) // so that a backlog forms and Cancel wins some
 		return nil
 	})
 	var wg sync.WaitGroup
 	for i := 0; i < 2; i++ {
 		c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: fmt.Sprintf("c%d", i),
-			Block: 50 * time.Millisecond, Concurrency: 4}).Handle(h)
+			Block: 50 * time.Millisecond, Concurrency: 1, Prefetch: -1}).Handle(h)
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = c.Run(ctx) }()
 	}
@@ -489,5 +490,46 @@ func TestAttack14Lookup_deadReplayCancel(t *testing.T) {
 	defer mu.Unlock()
 	if ran[a.ID] != ranBefore {
 		t.Errorf("cancelled replayed job ran again (%d -> %d)", ranBefore, ran[a.ID])
+	}
+}
+
+// An untracked job that is scheduled, retried and dead-lettered never gets an
+// index record (untracked jobs cost nothing), and Lookup says unknown.
+func TestAttack14Lookup_untrackedNoKey(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	name := redistest.Name(t)
+	keys, _ := stream.KeysFor(name)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	j := &stream.Job{Type: "w", Payload: []byte(`{}`)}
+	t.Cleanup(func() { rdb.Del(context.Background(), name, keys.Delayed, keys.Dead, stream.JobKey(keys, j.ID)) })
+	if err := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name}).EnqueueIn(ctx, j, 5*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: "c1", Block: 50 * time.Millisecond,
+		MaxAttempts: 3, PromoteInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).
+		Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+			_ = consumer.SetResult(ctx, []byte("x"))
+			return consumer.RetryAfter(time.Millisecond, errors.New("again"))
+		}))
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, 30*time.Second, func() (bool, string) {
+		if rdb.Exists(ctx, stream.JobKey(keys, j.ID)).Val() != 0 {
+			t.Fatalf("untracked job got an index record")
+		}
+		n := rdb.XLen(ctx, keys.Dead).Val()
+		return n == 1, fmt.Sprintf("%d dead", n)
+	})
+	if info, err := control.Lookup(ctx, rdb, name, j.ID); err != nil || info.State != control.StateUnknown {
+		t.Errorf("Lookup(untracked) = %+v, %v; want unknown", info, err)
+	}
+	if _, err := control.Cancel(ctx, rdb, name, j.ID); !errors.Is(err, control.ErrUnknownJob) {
+		t.Errorf("Cancel(untracked) = %v; want ErrUnknownJob", err)
+	}
+	if n := len(rdb.Keys(ctx, keys.Job+"*").Val()); n != 0 {
+		t.Errorf("%d index records in the queue for an untracked job", n)
 	}
 }
