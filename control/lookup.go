@@ -23,8 +23,9 @@ const (
 	StateUnknown = "unknown"
 )
 
-// MaxJobIDBytes is the longest job ID Lookup accepts.
-const MaxJobIDBytes = 1024
+// MaxJobIDBytes is the longest job ID Lookup accepts: the longest a
+// producer tracks ([stream.MaxTrackedIDBytes]).
+const MaxJobIDBytes = stream.MaxTrackedIDBytes
 
 // JobInfo says where a tracked job is now.
 type JobInfo struct {

@@ -30,6 +30,11 @@ const (
 	StateCancelled = "cancelled"
 )
 
+// MaxTrackedIDBytes is the longest ID of a tracked job ([Job].Track): a
+// producer refuses a longer one, so that every tracked job can be looked
+// up and cancelled (package control takes IDs up to this length).
+const MaxTrackedIDBytes = 1024
+
 // DefaultTrackTTL is how long the index record of a finished job lives by
 // default (consumer.Config.TrackTTL; control.Cancel's cancelled records).
 const DefaultTrackTTL = 24 * time.Hour
@@ -81,6 +86,11 @@ func ParseRecord(v string) (Record, error) {
 	}
 	if len(f) != 6 {
 		return Record{}, errors.New("stream: index record does not have 6 values")
+	}
+	switch f[0] {
+	case StateWaiting, StateScheduled, StateRetrying, StateDead, StateDone, StateCancelled:
+	default:
+		return Record{}, errors.New("stream: index record holds a state Pelican does not write")
 	}
 	r := Record{State: f[0], Entry: f[1], Error: f[4]}
 	ms := func(s string) time.Time {

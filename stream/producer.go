@@ -205,6 +205,9 @@ func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) 
 	if p.cfg.Track {
 		job.Track = true
 	}
+	if job.Track && len(job.ID) > MaxTrackedIDBytes {
+		return nil, fmt.Errorf("stream: a tracked job's ID must be at most %d bytes (MaxTrackedIDBytes), got %d", MaxTrackedIDBytes, len(job.ID))
+	}
 	if p.cfg.Prepare != nil {
 		p.cfg.Prepare(ctx, job)
 	}
