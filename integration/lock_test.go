@@ -248,7 +248,11 @@ func lockWorkerMain() int {
 			fmt.Fprintln(os.Stderr, "event:", err)
 		}
 	}
-	handler := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+	handler := consumer.HandlerFunc(func(hctx context.Context, job *stream.Job) error {
+		// Events are recorded even after the handler's context ends (the
+		// consumer cancels it when the job's lease ends during a stall):
+		// the test reads what the handler did, not whether it could log it.
+		ctx := context.WithoutCancel(hctx)
 		l, ok := lockx.FromContext(ctx)
 		if !ok {
 			return consumer.Dead(consumer.ReasonPermanent, errors.New("no lock in the context"))
@@ -273,8 +277,8 @@ func lockWorkerMain() int {
 			case <-l.Lost():
 				// The middleware cancels the context on the loss (unless
 				// the consumer did first, having lost the job's lease).
-				<-ctx.Done()
-				event(ctx, "lost %s: %v; context: %v", me, l.Err(), context.Cause(ctx))
+				<-hctx.Done()
+				event(ctx, "lost %s: %v; context: %v", me, l.Err(), context.Cause(hctx))
 			case <-time.After(2 * time.Second):
 				event(ctx, "notlost %s", me)
 			}

@@ -21,7 +21,7 @@ import (
 
 const (
 	// startTimeout bounds each attempt to start a server, and Restart.
-	startTimeout = 10 * time.Second
+	startTimeout = 30 * time.Second // a redis-server beside busy loops took over 10 s to answer
 	// exitTimeout bounds the wait for a server to exit after SIGKILL or
 	// SHUTDOWN.
 	exitTimeout = 10 * time.Second
