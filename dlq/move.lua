@@ -5,20 +5,25 @@
 -- KEYS[3]  replay lease key (string: the holder's token)
 -- KEYS[4]  replay cursor key (hash)
 -- KEYS[5]  optional: the enqueue-once marker of the entry's idempotency key
---          in the source stream's namespace (stream.OnceKey)
+--          in the source stream's namespace (stream.OnceKey), unless ARGV[4]
+--          is 5
+-- KEYS[ARGV[4]] optional: the index record of a tracked job
+--          ({source}:job:<job id>, stream.JobKey)
 -- ARGV[1]  lease token
 -- ARGV[2]  dead-letter entry ID
 -- ARGV[3]  cursor TTL in milliseconds
+-- ARGV[4]  optional: the index in KEYS of the job's index record ("0": none)
 -- Returns  the new source entry ID; 0 when the entry is no longer in the
 --          dead-letter stream (moved or purged before: only the cursor is
 --          written); -2 when the entry has more than 1100 job fields, so that
 --          its copy would be malformed (and more values than one Lua call can
 --          pass): it stays dead, only the cursor moves past it; -3 when
---          KEYS[5] exists and names another job (a job with the same
+--          the marker exists and names another job (a job with the same
 --          idempotency key was enqueued once since: replaying this one would
 --          add the key's job twice within its window): it stays dead, only
 --          the cursor moves past it; -1 when the lease is not ours (nothing
---          written).
+--          written); {record}, when the job is tracked and its index record
+--          is not KEYS[ARGV[4]]: nothing written, call again with it.
 -- The copy keeps the entry's raw fields in order (duplicates and binary values
 -- intact) except every dead_* field, attempt (so the job starts again at
 -- attempt 0), replayed_from and replay_count, and appends:
@@ -28,8 +33,9 @@
 --   replayed_from the dead-letter entry ID;
 --   replay_count  one more than the entry's replay_count (absent: 0).
 -- A tracked job (track = "1") gets its index record (stream/index.go)
--- rewritten to "waiting" with the new entry ID: {source}:job:<job id>, the
--- name derived from KEYS[2] as stream.KeysFor does (in KEYS[2]'s slot).
+-- rewritten to "waiting" with the new entry ID: {source}:job:<job id>
+-- ("sha1:" and the ID's SHA-1 for an ID over 128 bytes), in KEYS[2]'s slot.
+-- The script checks that KEYS[ARGV[4]] is that record before it writes.
 -- The XADD, the XDEL and the cursor update happen together or not at all:
 -- every check comes before the first write, and XADD is the first write.
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return -1 end
@@ -67,8 +73,11 @@ if not has_id then
   f[#f + 1] = 'job_id'
   f[#f + 1] = origin
 end
-if KEYS[5] then
-  local first = redis.call('GET', KEYS[5])
+local at = tonumber(ARGV[4] or '0') or 0
+local marker = KEYS[5]
+if at == 5 then marker = nil end
+if marker then
+  local first = redis.call('GET', marker)
   if first then
     local sp = string.find(first, ' ', 1, true)
     if sp then first = string.sub(first, sp + 1) end
@@ -97,6 +106,7 @@ if track then
   end
   index = prefix .. job_id
   if #job_id > 128 then index = prefix .. 'sha1:' .. redis.sha1hex(job_id) end
+  if at < 5 or KEYS[at] ~= index then return {index} end
   if redis.acl_check_cmd and not redis.acl_check_cmd('SET', index, 'v') then
     return redis.error_reply('NOPERM the user may not run SET on the index record ' .. prefix .. '*')
   end

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -282,7 +284,7 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 			}
 			keys = append(keys, marker)
 		}
-		v, err := moveScript.Run(ctx, d.rdb, keys, token, e.ID, d.cfg.CursorTTL.Milliseconds()).Result()
+		v, err := d.move(ctx, keys, token, &e)
 		if err != nil {
 			return false, fmt.Errorf("dlq: replay %s: %w", e.ID, err)
 		}
@@ -316,6 +318,44 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 	}
 	finished = !limited
 	return res, nil
+}
+
+// move runs move.lua for entry e with keys (a marker at keys[4], if
+// any), adding the index record of a tracked job: the one its fields name
+// as the script derives it (job_id, else the source entry ID, else the
+// dead-letter entry's), or, when the script names another, that one in a
+// second call.
+func (d *DLQ) move(ctx context.Context, keys []string, token string, e *Entry) (any, error) {
+	ttl := d.cfg.CursorTTL.Milliseconds()
+	if v, _ := e.Value(stream.FieldTrack); v != "1" {
+		return moveScript.Run(ctx, d.rdb, keys, token, e.ID, ttl).Result()
+	}
+	sk, err := stream.KeysFor(d.source)
+	if err != nil {
+		return nil, err
+	}
+	id, _ := e.Value(stream.FieldJobID)
+	if id == "" {
+		id = e.ID
+		if src, _ := e.Value(FieldDeadEntryID); validID(src) {
+			id = src
+		}
+	}
+	record := stream.JobKey(sk, id)
+	for range 2 {
+		v, err := moveScript.Run(ctx, d.rdb, append(slices.Clip(keys), record), token, e.ID, ttl, len(keys)+1).Result()
+		want, ok := v.([]any)
+		if err != nil || !ok {
+			return v, err
+		}
+		if len(want) != 1 {
+			break
+		}
+		if record, ok = want[0].(string); !ok || !strings.HasPrefix(record, sk.Job) {
+			break
+		}
+	}
+	return nil, errors.New("the move script asked for an index record outside the queue, or again")
 }
 
 // readCursor returns the range a replay with filter fingerprint fp covers:
@@ -472,4 +512,14 @@ func (p *pacer) wait(ctx context.Context) error {
 	}
 	p.next = p.next.Add(p.interval)
 	return nil
+}
+
+// validID reports whether s is digits, '-', digits, as move.lua takes a
+// dead_entry_id.
+func validID(s string) bool {
+	ms, seq, ok := strings.Cut(s, "-")
+	digits := func(x string) bool {
+		return x != "" && strings.Trim(x, "0123456789") == ""
+	}
+	return ok && digits(ms) && digits(seq)
 }

@@ -466,3 +466,29 @@ func TestDLQ_ReplayBeforeMove(t *testing.T) {
 	}
 	assertOnce(t, b, 5, "j")
 }
+
+// A replayed tracked job gets its index record, declared in the move
+// script's keys: at the name the script derives from the entry, in a
+// second call when the entry misleads the first guess (a later empty
+// job_id field, which the script skips).
+func TestDLQ_ReplayTracked(t *testing.T) {
+	t.Parallel()
+	d, b := setup(t, dlq.Config{})
+	ctx := context.Background()
+	keys, _ := stream.KeysFor(b.source)
+	recs := []string{stream.JobKey(keys, "J1"), stream.JobKey(keys, "J9"), stream.JobKey(keys, "1700000000000-7")}
+	t.Cleanup(func() { b.rdb.Del(context.Background(), recs...) })
+	b.add(t, deadJob([]any{"type", "t", "job_id", "J1", "track", "1"}, "permanent", "no", time.Now(), 1))
+	b.add(t, deadJob([]any{"type", "t", "job_id", "J9", "job_id", "", "track", "1"}, "permanent", "no", time.Now(), 1))
+	res, err := d.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{})
+	if err != nil || res.Replayed != 2 {
+		t.Fatalf("Replay = %+v, %v; want 2 replayed", res, err)
+	}
+	for i, k := range recs {
+		v, err := b.rdb.Get(ctx, k).Result()
+		r, _ := stream.ParseRecord(v)
+		if i < 2 && (err != nil || r.State != stream.StateWaiting) || i == 2 && err == nil {
+			t.Errorf("record %s = %q, %v; want waiting for J1 and J9, none for the dead entry ID", k, v, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/pelicanqueue/pelican/control"
+	"github.com/pelicanqueue/pelican/dlq"
 	"github.com/pelicanqueue/pelican/periodic"
 	"io/fs"
 	"log/slog"
@@ -952,5 +953,31 @@ func clusterLookup(t *testing.T, cc *redis.ClusterClient, name string) {
 	clusterMust(t, "Lookup", err)
 	if info.State != stream.StateCancelled {
 		t.Fatalf("Lookup after Cancel: state %q, want %q", info.State, stream.StateCancelled)
+	}
+
+	// Tracked jobs added beside a plain one, promoted and replayed:
+	// enqueue.lua, promote.lua and dlq/move.lua with the records in KEYS.
+	plain := stream.NewProducer(cc, stream.ProducerConfig{Stream: name})
+	_, err = plain.EnqueueBatch(ctx, []*stream.Job{{Type: "t", ID: "cluster-track-a", Track: true}, {Type: "t", ID: "cluster-plain"}})
+	clusterMust(t, "EnqueueBatch", err)
+	clusterMust(t, "EnqueueAt", p.EnqueueAt(ctx, &stream.Job{Type: "t", ID: "cluster-track-due"}, time.Now().Add(-time.Hour)))
+	_, err = stream.PromoteDue(ctx, cc, name, 100)
+	clusterMust(t, "PromoteDue", err)
+	keys, _ := stream.KeysFor(name)
+	clusterMust(t, "XADD dead", cc.XAdd(ctx, &redis.XAddArgs{Stream: keys.Dead, Values: []any{"type", "cluster-track", "payload", "{}",
+		"job_id", "cluster-track-dead", "track", "1", "dead_reason", "permanent", "dead_error", "no", "dead_stream", name}}).Err())
+	d, err := dlq.New(cc, name, dlq.Config{})
+	clusterMust(t, "dlq.New", err)
+	res, err := d.Replay(ctx, dlq.Filter{Types: []string{"cluster-track"}}, dlq.ReplayOptions{})
+	clusterMust(t, "Replay", err)
+	if res.Replayed != 1 {
+		t.Errorf("Replay of a tracked dead job: %+v, want 1 replayed", res)
+	}
+	for _, id := range []string{"cluster-track-a", "cluster-track-due", "cluster-track-dead"} {
+		info, err := control.Lookup(ctx, cc, name, id)
+		clusterMust(t, "Lookup", err)
+		if info.State != stream.StateWaiting && info.State != control.StateRunning && info.State != stream.StateDone {
+			t.Errorf("Lookup of tracked job %s: state %q, want waiting (or already running or done)", id, info.State)
+		}
 	}
 }

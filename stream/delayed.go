@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -134,15 +135,43 @@ func (p *Producer) schedule(ctx context.Context, job *Job, mode string, ms int64
 // moved. Each move is part of one script, so many processes may promote the
 // same set at once: no job is lost or added twice. A member that does not
 // parse goes to the stream's default dead-letter stream with reason
-// "malformed".
+// "malformed". The script writes only the index records it is given: when
+// due jobs are tracked, the first call moves the jobs before the first of
+// them and names their records, and a second call, with those records in
+// its keys, moves them (a third at most, for jobs that became due between
+// the two).
 func PromoteDue(ctx context.Context, rdb redis.Scripter, stream string, limit int) (int, error) {
 	keys, err := KeysFor(stream)
 	if err != nil {
 		return 0, err
 	}
-	n, err := promoteScript.Run(ctx, rdb, []string{keys.Stream, keys.Delayed, keys.Dead, keys.Job}, limit).Int()
-	if err != nil {
-		return 0, fmt.Errorf("stream: promote due jobs of %s: %w", stream, err)
+	base := []string{keys.Stream, keys.Delayed, keys.Dead}
+	ks, moved := base, 0
+	for range 3 {
+		v, err := promoteScript.Run(ctx, rdb, ks, limit-moved).Slice()
+		if err != nil {
+			return moved, fmt.Errorf("stream: promote due jobs of %s: %w", stream, err)
+		}
+		var n int64
+		ok := len(v) > 0
+		if ok {
+			n, ok = v[0].(int64)
+		}
+		if !ok {
+			return moved, fmt.Errorf("stream: promote due jobs of %s: the script returned no count", stream)
+		}
+		moved += int(n)
+		if len(v) == 1 || moved >= limit {
+			return moved, nil
+		}
+		ks = slices.Clip(base)
+		for _, r := range v[1:] {
+			name, ok := r.(string)
+			if !ok || !strings.HasPrefix(name, keys.Job) {
+				return moved, fmt.Errorf("stream: promote due jobs of %s: the script named a record outside the queue", stream)
+			}
+			ks = append(ks, name)
+		}
 	}
-	return n, nil
+	return moved, nil
 }

@@ -1,14 +1,17 @@
 -- enqueue.lua: add jobs to the stream, each job that has an enqueue-once
 -- marker at most once while its marker lives (Producer with
--- ProducerConfig.EnqueueOnce; docs/wire-format.md, "Enqueue once").
+-- ProducerConfig.EnqueueOnce; docs/wire-format.md, "Enqueue once"), and
+-- write the index record of each tracked job (ProducerConfig.Track).
 -- KEYS[1]    stream
--- KEYS[2..]  the markers of the keyed jobs ({stream}:once:<idempotency key>)
+-- KEYS[2..]  in any order: the markers of the keyed jobs
+--            ({stream}:once:<idempotency key>) and the index records of the
+--            tracked jobs ({stream}:job:<job id>, stream.JobKey)
 -- ARGV[1]    MAXLEN ~ for XADD, "0" for none
 -- ARGV[2]    the marker's time to live in milliseconds (the window)
 -- ARGV[3]    n, the number of jobs
 -- then, for each job:
 --   marker   the index in KEYS of its marker, "0" for a job without one
---   job id   the job's ID (written to the marker)
+--   job id   the job's ID (written to the marker and the index record)
 --   m        the number of field names and values that follow
 --   m values the entry's fields, as for XADD (m is even, at most 4000:
 --            Lua cannot pass many more values to one command)
@@ -18,9 +21,9 @@
 --            waits in the delayed set), the first job's ID and 1.
 -- A job with the field track = "1" and a job ID gets its index record
 -- (stream/index.go), "waiting" with its entry ID, at {stream}:job:<job id>
--- ("sha1:" and the ID's SHA-1 for an ID over 128 bytes): the script derives
--- that name from KEYS[1] as stream.KeysFor does, so that callers of the
--- layout above need no change; the key is in the stream's slot.
+-- ("sha1:" and the ID's SHA-1 for an ID over 128 bytes). That key must be in
+-- KEYS: the script checks that each tracked job's record is declared and
+-- refuses the call, having written nothing, when one is not.
 -- A marker is a string "<entry id> <job id>" ("- <job id>" for a scheduled
 -- job) with the window as its time to live; a marker without a space (a
 -- plain SET by another client) is a job ID alone.
@@ -32,16 +35,6 @@ if not n or n < 0 or n ~= math.floor(n) then
   return redis.error_reply('ERR enqueue.lua: job count ' .. tostring(ARGV[3]) .. ' is not a count')
 end
 local maxlen = ARGV[1]
-if redis.acl_check_cmd then
-  if not redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v') then
-    return redis.error_reply('NOPERM the user may not run XADD on the stream')
-  end
-  for k = 2, #KEYS do
-    if not (redis.acl_check_cmd('GET', KEYS[k]) and redis.acl_check_cmd('SET', KEYS[k], 'v', 'PX', '1')) then
-      return redis.error_reply('NOPERM the user may not run GET and SET on the enqueue-once marker ' .. KEYS[k])
-    end
-  end
-end
 -- Parse everything before the first write.
 local jobs, pos = {}, 4
 for i = 1, n do
@@ -61,20 +54,37 @@ local function rec(...)
   for _, v in ipairs({...}) do t[#t + 1] = #v .. ':' .. v end
   return table.concat(t)
 end
--- The prefix of the index records: stream.KeysFor's rule.
+-- The name of a job's index record, stream.JobKey's rule: the stream's hash
+-- tag (the stream's name when it has none) then ":job:".
 local prefix = '{' .. KEYS[1] .. '}:job:'
 local open = string.find(KEYS[1], '{', 1, true)
 if open then
   local close = string.find(KEYS[1], '}', open + 1, true)
   if close and close > open + 1 then prefix = KEYS[1] .. ':job:' end
 end
-local function jobkey(id)
-  if #id > 128 then return prefix .. 'sha1:' .. redis.sha1hex(id) end
-  return prefix .. id
+local declared = {}
+for k = 2, #KEYS do declared[KEYS[k]] = true end
+for i, j in ipairs(jobs) do
+  if j[5] and j[2] ~= '' then
+    local key = prefix .. j[2]
+    if #j[2] > 128 then key = prefix .. 'sha1:' .. redis.sha1hex(j[2]) end
+    if not declared[key] then
+      return redis.error_reply('ERR enqueue.lua: job ' .. i .. ' is tracked but its index record is not in KEYS')
+    end
+    j[6] = key
+  end
 end
-for _, j in ipairs(jobs) do
-  if j[5] and redis.acl_check_cmd and not redis.acl_check_cmd('SET', jobkey(j[2]), 'v') then
-    return redis.error_reply('NOPERM the user may not run SET on the index records ' .. prefix .. '*')
+if redis.acl_check_cmd then
+  if not redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v') then
+    return redis.error_reply('NOPERM the user may not run XADD on the stream')
+  end
+  for _, j in ipairs(jobs) do
+    if j[1] > 0 and not (redis.acl_check_cmd('GET', KEYS[j[1]]) and redis.acl_check_cmd('SET', KEYS[j[1]], 'v', 'PX', '1')) then
+      return redis.error_reply('NOPERM the user may not run GET and SET on the enqueue-once marker ' .. KEYS[j[1]])
+    end
+    if j[6] and not redis.acl_check_cmd('SET', j[6], 'v') then
+      return redis.error_reply('NOPERM the user may not run SET on the index record ' .. j[6])
+    end
   end
 end
 local out = {}
@@ -98,7 +108,7 @@ for i, j in ipairs(jobs) do
       id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, j[3], j[4]))
     end
     if j[1] > 0 then redis.call('SET', KEYS[j[1]], id .. ' ' .. j[2], 'PX', ARGV[2]) end
-    if j[5] and j[2] ~= '' then redis.call('SET', jobkey(j[2]), rec('waiting', id, '', '', '', '')) end
+    if j[6] then redis.call('SET', j[6], rec('waiting', id, '', '', '', '')) end
     out[i] = {id, j[2], 0}
   end
 end

@@ -45,7 +45,8 @@ const maxKeyID = 128
 
 // JobKey returns the index record key of job ID id in the queue of keys:
 // keys.Job + id, or keys.Job + "sha1:" + the hex SHA-1 of id when id is
-// over 128 bytes. promote.lua builds the same name (SHA-1 because Redis
+// over 128 bytes. enqueue.lua, promote.lua and dlq/move.lua check a
+// declared key against the same name (SHA-1 because Redis
 // scripts have it: redis.sha1hex); it names a key, it protects nothing.
 func JobKey(keys Keys, id string) string {
 	if len(id) > maxKeyID {

@@ -50,64 +50,113 @@ func OnceKey(stream, key string) (string, error) {
 	return keys.Once + key, nil
 }
 
-// enqueueOnce adds jobs (with their XADD args) through the enqueue-once
-// script, OnceBatch jobs per script, all scripts in one pipeline. It
-// returns each job's entry ID ("" for a job not added because of an
-// error), sets the ID of each duplicate to its first job's, and joins the
-// errors, each meaning "maybe enqueued" for its jobs.
-func (p *Producer) enqueueOnce(ctx context.Context, jobs []*Job, all []*redis.XAddArgs) ([]string, error) {
+// send adds jobs (with their XADD args) in one pipeline, in order: a
+// plain job as an XADD, each run of consecutive scripted jobs as enqueue
+// scripts of at most OnceBatch jobs (EVAL until Redis has run the script
+// for this producer, then EVALSHA; EVAL again, in a second round trip and
+// so after the batch's XADDs, for those Redis answered NOSCRIPT: it lost
+// its script cache). It returns each job's
+// entry ID ("" for a job not added because of an error), sets the ID of
+// each duplicate to its first job's, and joins the errors, each meaning
+// "maybe enqueued" for its jobs.
+func (p *Producer) send(ctx context.Context, jobs []*Job, all []*redis.XAddArgs) ([]string, error) {
 	type chunk struct {
 		from, to int
 		keys     []string
 		args     []any
 		cmd      *redis.Cmd
 	}
-	var chunks []*chunk
-	for from := 0; from < len(jobs); from += OnceBatch {
-		to := min(from+OnceBatch, len(jobs))
-		c := &chunk{from: from, to: to, keys: []string{p.cfg.Stream}}
-		c.args = append(c.args, p.cfg.MaxLen, p.cfg.EnqueueOnce.Milliseconds(), to-from)
-		for i := from; i < to; i++ {
+	var (
+		chunks []*chunk
+		xadds  = make([]*redis.StringCmd, len(jobs))
+		keys   Keys
+	)
+	for i := 0; i < len(jobs); {
+		if !p.scripted(jobs[i]) {
+			i++
+			continue
+		}
+		if keys.Job == "" {
+			keys, _ = KeysFor(p.cfg.Stream) // valid: args checked cfg
+		}
+		c := &chunk{from: i, keys: []string{p.cfg.Stream}}
+		c.args = append(c.args, p.cfg.MaxLen, p.cfg.EnqueueOnce.Milliseconds(), 0)
+		for ; i < len(jobs) && i-c.from < OnceBatch && p.scripted(jobs[i]); i++ {
 			marker := 0
 			if k := p.onceKey(jobs[i]); k != "" {
 				c.keys = append(c.keys, p.onceAt+k)
 				marker = len(c.keys)
 			}
+			if jobs[i].Track {
+				c.keys = append(c.keys, JobKey(keys, jobs[i].ID))
+			}
 			fields := all[i].Values.([]any)
 			c.args = append(c.args, marker, jobs[i].ID, len(fields))
 			c.args = append(c.args, fields...)
 		}
+		c.to = i
+		c.args[2] = c.to - c.from
 		chunks = append(chunks, c)
 	}
-	run := func(todo []*chunk, eval bool) {
-		_, _ = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			for _, c := range todo {
-				if eval {
-					c.cmd = enqueueScript.Eval(ctx, pipe, c.keys, c.args...)
-				} else {
-					c.cmd = enqueueScript.EvalSha(ctx, pipe, c.keys, c.args...)
-				}
-			}
-			return nil
-		})
+	eval := func(pipe redis.Pipeliner, c *chunk, again bool) {
+		if again {
+			c.cmd = enqueueScript.Eval(ctx, pipe, c.keys, c.args...)
+		} else {
+			c.cmd = enqueueScript.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
 	}
-	run(chunks, false)
+	loaded := p.loaded.Load() // else EVAL: the scripts keep their place in the batch
+	_, _ = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		next := 0
+		for i := 0; i < len(jobs); {
+			if next < len(chunks) && chunks[next].from == i {
+				eval(pipe, chunks[next], !loaded)
+				i = chunks[next].to
+				next++
+				continue
+			}
+			xadds[i] = pipe.XAdd(ctx, all[i])
+			i++
+		}
+		return nil
+	})
 	var again []*chunk
 	for _, c := range chunks {
 		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			again = append(again, c) // not run: the script cache was empty
 		}
 	}
+	if len(chunks) > 0 {
+		p.loaded.Store(len(again) == 0)
+	}
 	if len(again) > 0 {
-		run(again, true)
+		_, _ = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for _, c := range again {
+				eval(pipe, c, true)
+			}
+			return nil
+		})
 	}
 
 	ids := make([]string, len(jobs))
-	var errs []error
+	errs := make([]error, len(jobs)) // in the jobs' order
+	failed := func(i int, err error) {
+		errs[i] = fmt.Errorf("stream: enqueue %s job %s (outcome unknown): %w", jobs[i].Type, jobs[i].ID, err)
+	}
+	for i, x := range xadds {
+		if x == nil {
+			continue
+		}
+		if id, err := x.Result(); err != nil {
+			failed(i, err)
+		} else {
+			ids[i] = id
+		}
+	}
 	for _, c := range chunks {
 		fail := func(err error) {
 			for i := c.from; i < c.to; i++ {
-				errs = append(errs, fmt.Errorf("stream: enqueue %s job %s (outcome unknown): %w", jobs[i].Type, jobs[i].ID, err))
+				failed(i, err)
 			}
 		}
 		v, err := c.cmd.Slice()

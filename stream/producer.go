@@ -6,8 +6,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -57,8 +57,9 @@ type ProducerConfig struct {
 	// job costs one more write per state change (enqueue, promotion,
 	// retry, completion), in the scripts that make the change, and its
 	// record lives for the consumer's Config.TrackTTL once it is finished;
-	// Enqueue of a tracked job runs the enqueue script instead of a plain
-	// XADD. Defaults to false (jobs are tracked only if Job.Track is set).
+	// a tracked job is added by the enqueue script instead of a plain XADD,
+	// in the same pipeline (see [Producer.EnqueueBatch]). Defaults to false
+	// (jobs are tracked only if Job.Track is set).
 	Track bool
 }
 
@@ -88,6 +89,10 @@ type Producer struct {
 
 	mu  sync.Mutex
 	rnd *bufio.Reader // crypto/rand, buffered: one read serves many job IDs
+
+	// loaded is set once Redis has run the enqueue script for this
+	// producer: its batches then send EVALSHA.
+	loaded atomic.Bool
 }
 
 // Validate reports the first field of c that is not valid, naming it.
@@ -135,12 +140,9 @@ func (p *Producer) Enqueue(ctx context.Context, job *Job) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if p.once(job) || job.Track {
-		res, err := p.enqueueOnce(ctx, []*Job{job}, []*redis.XAddArgs{args})
-		if err != nil {
-			return "", err
-		}
-		return res[0], nil
+	if p.scripted(job) {
+		ids, err := p.send(ctx, []*Job{job}, []*redis.XAddArgs{args})
+		return ids[0], err
 	}
 	id, err := p.rdb.XAdd(ctx, args).Result()
 	if err != nil {
@@ -149,14 +151,17 @@ func (p *Producer) Enqueue(ctx context.Context, job *Job) (string, error) {
 	return id, nil
 }
 
-// EnqueueBatch adds jobs in one round trip (a pipeline of XADDs) and returns
-// their entry IDs in order. A job that was not added has an empty ID, and the
+// EnqueueBatch adds jobs in one round trip (a pipeline) and returns their
+// entry IDs in order. A job that was not added has an empty ID, and the
 // returned error joins the per-job errors; as with Enqueue, a job with an
-// error may have been added all the same. With
-// [ProducerConfig].EnqueueOnce, the batch is sent as one enqueue-once
-// script per [OnceBatch] jobs, pipelined, and a duplicate (of an earlier
-// job, or of a job earlier in the batch) gets the first job's IDs as in
-// [Producer.Enqueue].
+// error may have been added all the same. A plain job is one XADD; a
+// tracked job, and with [ProducerConfig].EnqueueOnce a job with a key, is
+// added by the enqueue script, up to [OnceBatch] consecutive such jobs per
+// script, pipelined beside the XADDs in the batch's order (a second round
+// trip only when Redis lost its script cache, a restart: the scripts then
+// come after the batch's XADDs). A duplicate (of an
+// earlier job, or of a job earlier in the batch) gets the first job's IDs
+// as in [Producer.Enqueue].
 func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, error) {
 	if len(jobs) == 0 {
 		return nil, nil
@@ -169,28 +174,12 @@ func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, err
 		}
 		all[i] = args
 	}
-	if p.cfg.EnqueueOnce > 0 || slices.ContainsFunc(jobs, func(j *Job) bool { return j.Track }) {
-		return p.enqueueOnce(ctx, jobs, all)
-	}
-	cmds := make([]*redis.StringCmd, len(jobs))
-	_, _ = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		for i, a := range all {
-			cmds[i] = pipe.XAdd(ctx, a)
-		}
-		return nil
-	})
-	ids := make([]string, len(jobs))
-	var errs []error
-	for i, c := range cmds {
-		id, err := c.Result()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("stream: enqueue %s job %s (outcome unknown): %w", jobs[i].Type, jobs[i].ID, err))
-			continue
-		}
-		ids[i] = id
-	}
-	return ids, errors.Join(errs...)
+	return p.send(ctx, jobs, all)
 }
+
+// scripted reports whether job is added by the enqueue script (see
+// EnqueueBatch) rather than by a plain XADD.
+func (p *Producer) scripted(job *Job) bool { return job.Track || p.once(job) }
 
 func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) {
 	if p.err != nil {

@@ -2,12 +2,19 @@
 -- KEYS[1]  stream
 -- KEYS[2]  delayed set
 -- KEYS[3]  dead-letter stream (for a member that cannot be moved)
--- KEYS[4]  the prefix of the index records ({stream}:job:): a moved job with
---          track = "1" and a job_id gets its record KEYS[4] .. job id ("sha1:"
---          and the ID's SHA-1 for an ID over 128 bytes; stream/index.go),
---          "waiting" with the new entry ID: a key in the stream's slot
+-- KEYS[4..] the index records of the tracked jobs the caller expects to be
+--          due ({stream}:job:<job id>, stream.JobKey)
 -- ARGV[1]  at most this many jobs
--- Returns  the number of jobs moved (or set aside).
+-- Returns  {moved, record...}: the number of jobs moved (or set aside), then,
+--          when the script stopped at a due tracked job whose record is not
+--          in KEYS, the records of the due tracked jobs from there on that are
+--          not in KEYS (at most ARGV[1]): call again with them in KEYS.
+-- A moved job with track = "1" and a job_id gets its index record
+-- (stream/index.go), "waiting" with the new entry ID, at {stream}:job:<job id>
+-- ("sha1:" and the ID's SHA-1 for an ID over 128 bytes), a key in the
+-- stream's slot. The script writes only records declared in KEYS: it moves
+-- the due jobs in order up to the first tracked one whose record is not
+-- declared, and returns the names it needs (PromoteDue's second call).
 -- A member is "<source id>|" followed by the new entry's field names and
 -- values, each written as "<byte length>:<bytes>". Due means score <= Redis
 -- TIME, so worker clocks do not matter, and since the move of each job is part
@@ -42,34 +49,64 @@ local function parse(m)
 end
 local parsed = {}
 for i, m in ipairs(due) do parsed[i] = parse(m) or false end
--- Under an ACL that denies a later command, a script fails halfway and keeps
--- what it wrote: check every command first (Redis 7; nothing to check on
--- servers without ACL checks in scripts).
-if #due > 0 and redis.acl_check_cmd and not (redis.acl_check_cmd('ZREM', KEYS[2], 'm')
-    and redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v') and redis.acl_check_cmd('XADD', KEYS[3], '*', 'f', 'v')
-    and redis.acl_check_cmd('SET', KEYS[4] .. 'x', 'v')) then
-  return redis.error_reply('NOPERM the user may not run ZREM on the delayed set, XADD on the stream or its dead-letter stream, or SET on the index records')
+-- The name of a job's index record, stream.JobKey's rule: the stream's hash
+-- tag (the stream's name when it has none) then ":job:".
+local prefix = '{' .. KEYS[1] .. '}:job:'
+local open = string.find(KEYS[1], '{', 1, true)
+if open then
+  local close = string.find(KEYS[1], '}', open + 1, true)
+  if close and close > open + 1 then prefix = KEYS[1] .. ':job:' end
 end
-local function track(f)
+local function record(f)
   local on, id = false, nil
   for k = 1, #f, 2 do
     if f[k] == 'track' and f[k + 1] == '1' then on = true
     elseif f[k] == 'job_id' then id = f[k + 1] end
   end
   if not on or not id or id == '' then return nil end
-  if #id > 128 then return KEYS[4] .. 'sha1:' .. redis.sha1hex(id) end
-  return KEYS[4] .. id
+  if #id > 128 then return prefix .. 'sha1:' .. redis.sha1hex(id) end
+  return prefix .. id
 end
-for i, m in ipairs(due) do
+local declared = {}
+for k = 4, #KEYS do declared[KEYS[k]] = true end
+-- Move due[1..stop]: up to the first tracked job whose record is undeclared.
+local records, stop, need, asked = {}, #due, {}, {}
+for i = 1, #due do
+  if parsed[i] then
+    local r = record(parsed[i])
+    if r and not declared[r] then
+      if stop == #due then stop = i - 1 end
+      if not asked[r] then asked[r] = true; need[#need + 1] = r end
+    end
+    records[i] = r
+  end
+end
+-- Under an ACL that denies a later command, a script fails halfway and keeps
+-- what it wrote: check every command first (Redis 7; nothing to check on
+-- servers without ACL checks in scripts).
+if stop > 0 and redis.acl_check_cmd then
+  if not (redis.acl_check_cmd('ZREM', KEYS[2], 'm') and redis.acl_check_cmd('XADD', KEYS[1], '*', 'f', 'v')
+      and redis.acl_check_cmd('XADD', KEYS[3], '*', 'f', 'v')) then
+    return redis.error_reply('NOPERM the user may not run ZREM on the delayed set or XADD on the stream or its dead-letter stream')
+  end
+  for i = 1, stop do
+    if records[i] and not redis.acl_check_cmd('SET', records[i], 'v') then
+      return redis.error_reply('NOPERM the user may not run SET on the index records')
+    end
+  end
+end
+for i = 1, stop do
+  local m = due[i]
   redis.call('ZREM', KEYS[2], m)
   if parsed[i] then
     local id = redis.call('XADD', KEYS[1], '*', unpack(parsed[i]))
-    local index = track(parsed[i])
-    if index then redis.call('SET', index, '7:waiting' .. #id .. ':' .. id .. '0:0:0:0:') end
+    if records[i] then redis.call('SET', records[i], '7:waiting' .. #id .. ':' .. id .. '0:0:0:0:') end
   else
     redis.call('XADD', KEYS[3], '*', 'dead_reason', 'malformed', 'dead_error',
       'delayed-set member does not parse, or has more than 1100 fields', 'delayed_member', m,
       'dead_stream', KEYS[1])
   end
 end
-return #due
+local out = {stop}
+for _, r in ipairs(need) do out[#out + 1] = r end
+return out

@@ -19,7 +19,9 @@
 // Phases (-phases, a comma list; all by default):
 //
 //	produce          enqueue -jobs jobs
+//	produce-tracked  enqueue -jobs tracked jobs (ProducerConfig.Track), each index record checked
 //	consume          consume a backlog of -jobs jobs
+//	consume-tracked  consume a backlog of -jobs tracked jobs, each index record checked done
 //	pool             consume a backlog of -jobs jobs spread over three streams in one consumer.Pool
 //	                 (weights 6/3/1, the pool's Concurrency as the consumer's); the floor reads one stream
 //	produce-consume  produce and consume together
@@ -72,7 +74,7 @@ import (
 )
 
 // allPhases are the phases, in the order they run.
-var allPhases = []string{"produce", "consume", "pool", "produce-consume", "mid-chain", "full-chain", "lock", "idem",
+var allPhases = []string{"produce", "produce-tracked", "consume", "consume-tracked", "pool", "produce-consume", "mid-chain", "full-chain", "lock", "idem",
 	"retry-once", "snooze-once", "latency", "rss"}
 
 // pgDSN is the outbox phase's PostgreSQL (-pg-dsn).
@@ -276,11 +278,14 @@ func (b *bench) rows(phases map[string]bool, concs []int) []row {
 		}
 	}
 	add(row{key: "produce", phase: "produce", label: "produce (batches of 100)", floor: b.floorProduce, pel: b.pelicanProduce})
+	add(row{key: "produce-tracked", phase: "produce-tracked", label: "produce tracked jobs (batches of 100)", floor: b.floorProduce,
+		pel: func(ctx context.Context, tag string) result { return b.pelicanProduceTracked(ctx, tag, true) }})
 	for _, spec := range []struct {
 		phase, label string
 		v            variant
 	}{
 		{"consume", "consume a backlog", variant{}},
+		{"consume-tracked", "consume a backlog of tracked jobs", variant{track: true}},
 		{"pool", "consume a backlog from three streams in one Pool (weights 6/3/1)", variant{pool: true}},
 		{"produce-consume", "produce + consume together", variant{produce: true}},
 		{"mid-chain", "mid chain (metrics, Retry, DeadLetter)", variant{chain: "mid"}},
@@ -365,26 +370,32 @@ func printTables(rows []row, res [][]pair, rate int) {
 				col(ps, func(p pair) float64 { return p.pel.cpuPerJob() }),
 				col(ps, func(p pair) float64 { return ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()) }))
 		}
-		// The retried and snoozed phases against the bare consumer at the
-		// same concurrency, round by round.
+		// The retried, snoozed and tracked phases against the bare ones
+		// (the same concurrency), round by round.
 		byKey := map[string][]pair{}
 		for i, rw := range rows {
 			byKey[rw.key] = res[i]
 		}
 		for _, i := range through {
 			rw := rows[i]
-			if rw.phase != "retry-once" && rw.phase != "snooze-once" {
+			var bare []pair
+			switch rw.phase {
+			case "retry-once", "snooze-once", "consume-tracked":
+				bare = byKey["consume@"+strings.TrimPrefix(rw.key, rw.phase+"@")]
+			case "produce-tracked":
+				bare = byKey["produce"]
+			default:
 				continue
 			}
-			bare := byKey["consume@"+strings.TrimPrefix(rw.key, rw.phase+"@")]
 			if len(bare) != len(res[i]) {
 				continue
 			}
-			xs := make([]float64, len(bare))
+			xs, cs := make([]float64, len(bare)), make([]float64, len(bare))
 			for r := range bare {
 				xs[r] = ratio(res[i][r].pel.rate(), bare[r].pel.rate())
+				cs[r] = ratio(res[i][r].pel.cpuPerJob(), bare[r].pel.cpuPerJob())
 			}
-			fmt.Printf("\n%s: Pelican jobs/s ÷ bare consume at the same concurrency: %.2f", rw.label, median(xs))
+			fmt.Printf("\n%s: Pelican jobs/s ÷ the bare phase's at the same concurrency: %.2f; CPU µs/job ×%.2f", rw.label, median(xs), median(cs))
 		}
 		fmt.Println()
 	}

@@ -35,17 +35,21 @@ type variant struct {
 	mode    handlerMode
 	produce bool // jobs produced during the run instead of a backlog
 	pool    bool // three streams in one consumer.Pool (pelicanPool)
+	track   bool // tracked jobs (ProducerConfig.Track): checkTracked
 }
 
 var errOnce = errors.New("bench: fails once")
 
 // pelicanFill enqueues jobs 0..n-1 with Producer.EnqueueBatch in batches
 // of 100.
-func (b *bench) pelicanFill(ctx context.Context, s string, n int) { b.pelicanFillRange(ctx, s, 0, n) }
+func (b *bench) pelicanFill(ctx context.Context, s string, n int) {
+	b.pelicanFillRange(ctx, s, 0, n, false)
+}
 
-// pelicanFillRange enqueues jobs from..to-1 as pelicanFill does.
-func (b *bench) pelicanFillRange(ctx context.Context, s string, from, to int) {
-	p := stream.NewProducer(b.rdb, stream.ProducerConfig{Stream: s})
+// pelicanFillRange enqueues jobs from..to-1 as pelicanFill does, tracked
+// (ProducerConfig.Track) if track.
+func (b *bench) pelicanFillRange(ctx context.Context, s string, from, to int, track bool) {
+	p := stream.NewProducer(b.rdb, stream.ProducerConfig{Stream: s, Track: track})
 	batch := make([]*stream.Job, 0, 100)
 	for i := from; i < to; i++ {
 		batch = append(batch, &stream.Job{Type: "bench", Payload: payload(i)})
@@ -59,15 +63,63 @@ func (b *bench) pelicanFillRange(ctx context.Context, s string, from, to int) {
 }
 
 func (b *bench) pelicanProduce(ctx context.Context, tag string) result {
+	return b.pelicanProduceTracked(ctx, tag, false)
+}
+
+// pelicanProduceTracked is pelicanProduce, with tracked jobs if track.
+func (b *bench) pelicanProduceTracked(ctx context.Context, tag string, track bool) result {
 	s := streamOf(tag)
 	defer b.cleanupRun(ctx, tag)
 	m := b.startMeter(ctx)
-	b.pelicanFill(ctx, s, b.n)
+	b.pelicanFillRange(ctx, s, 0, b.n, track)
 	r := m.stop(ctx, b.n)
 	if l := b.rdb.XLen(ctx, s).Val(); l != int64(b.n) {
 		b.fatalf("pelican produce: %d entries in the stream, want %d", l, b.n)
 	}
+	if track {
+		b.checkTracked(ctx, "pelican produce tracked", s, stream.StateWaiting, b.n)
+	}
 	return r
+}
+
+// checkTracked fails the bench unless stream s's queue holds exactly n
+// index records, each in state want, and each naming a distinct job.
+func (b *bench) checkTracked(ctx context.Context, what, s, want string, n int) {
+	keys, _ := stream.KeysFor(s)
+	seen := make(map[string]bool, n)
+	iter := b.rdb.Scan(ctx, 0, keys.Job+"*", 1000).Iterator()
+	var batch []string
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		vs, err := b.rdb.MGet(ctx, batch...).Result()
+		if err != nil {
+			b.fatalf("%s: MGET records: %v", what, err)
+		}
+		for i, v := range vs {
+			str, _ := v.(string)
+			r, err := stream.ParseRecord(str)
+			if err != nil || r.State != want {
+				b.fatalf("%s: record %s = %q (%v), want state %s", what, batch[i], str, err, want)
+			}
+			seen[batch[i]] = true
+		}
+		batch = batch[:0]
+	}
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			flush()
+		}
+	}
+	flush()
+	if err := iter.Err(); err != nil {
+		b.fatalf("%s: SCAN records: %v", what, err)
+	}
+	if len(seen) != n {
+		b.fatalf("%s: %d distinct index records, want %d", what, len(seen), n)
+	}
 }
 
 // chain returns the middleware of a phase, outermost first, in the order
@@ -122,7 +174,7 @@ func (b *bench) pelicanConsume(ctx context.Context, tag string, v variant) resul
 	s := streamOf(tag)
 	defer b.cleanupRun(ctx, tag)
 	if !v.produce {
-		b.pelicanFill(ctx, s, b.n)
+		b.pelicanFillRange(ctx, s, 0, b.n, v.track)
 	}
 	set := newJobSet(b.n).withIDs()
 	h := consumer.HandlerFunc(func(_ context.Context, j *stream.Job) error {
@@ -160,6 +212,9 @@ func (b *bench) pelicanConsume(ctx context.Context, tag string, v variant) resul
 		b.fatalf("pelican consume: Run: %v", err)
 	}
 	b.checkPelican(ctx, "pelican consume", s, c.Stats(), set, b.n, v.mode)
+	if v.track {
+		b.checkTracked(ctx, "pelican consume tracked", s, stream.StateDone, b.n)
+	}
 	return r
 }
 
@@ -243,7 +298,7 @@ func (b *bench) pelicanPool(ctx context.Context, tag string, v variant) result {
 	streams := []string{streamOf(tag), "{" + tag + "}:jobs2", "{" + tag + "}:jobs3"}
 	defer b.cleanupRun(ctx, tag)
 	for i, s := range streams {
-		b.pelicanFillRange(ctx, s, i*b.n/3, (i+1)*b.n/3)
+		b.pelicanFillRange(ctx, s, i*b.n/3, (i+1)*b.n/3, false)
 	}
 	set := newJobSet(b.n).withIDs()
 	h := consumer.HandlerFunc(func(_ context.Context, j *stream.Job) error {
