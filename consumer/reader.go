@@ -58,24 +58,35 @@ func (r *blockingReader) renew(err error) {
 	r.conn = r.cl.Conn()
 }
 
+// prepare asks for the connection's CLIENT ID, if it is not known yet;
+// on a server without CLIENT ID (miniredis) the reader reads through the
+// client from then on (direct).
+func (r *blockingReader) prepare(ctx context.Context) error {
+	if r.conn == nil || r.id.Load() != 0 {
+		return nil
+	}
+	id, err := r.conn.ClientID(ctx).Result()
+	var rerr redis.Error
+	switch {
+	case errors.As(err, &rerr): // the server has no CLIENT ID (miniredis)
+		_ = r.conn.Close()
+		r.conn = nil
+		r.direct.Store(true)
+		return nil
+	case err != nil:
+		r.renew(err)
+		return err
+	}
+	r.id.Store(id)
+	return nil
+}
+
 func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) ([]redis.XStream, error) {
+	if err := r.prepare(ctx); err != nil {
+		return nil, err
+	}
 	if r.conn == nil {
 		return r.rdb.XReadGroup(ctx, args).Result()
-	}
-	if r.id.Load() == 0 {
-		id, err := r.conn.ClientID(ctx).Result()
-		var rerr redis.Error
-		switch {
-		case errors.As(err, &rerr): // the server has no CLIENT ID (miniredis)
-			_ = r.conn.Close()
-			r.conn = nil
-			r.direct.Store(true)
-			return r.rdb.XReadGroup(ctx, args).Result()
-		case err != nil:
-			r.renew(err)
-			return nil, err
-		}
-		r.id.Store(id)
 	}
 	res, err := r.conn.XReadGroup(ctx, args).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {

@@ -176,6 +176,26 @@ func (s *sharedReader) loop() {
 				return
 			}
 		}
+		s.mu.Unlock()
+		reader, err := s.resolve(ctx, s.pending[0].stream)
+		if err == nil {
+			err = reader.prepare(ctx)
+		}
+		if err != nil {
+			s.drop()
+		} else if reader.direct.Load() {
+			s.unblockable.Store(false)
+		}
+		s.mu.Lock()
+		if err != nil { // no node or connection to read from: each queue backs off
+			for _, r := range s.pending {
+				answer(r, nil, err)
+			}
+			clear(s.pending)
+			s.pending = s.pending[:0]
+			s.mu.Unlock()
+			continue
+		}
 		flight := append([]*readReq(nil), s.pending...)
 		streams := make([]string, 0, 2*len(flight))
 		count, end := flight[0].count, flight[0].deadline
@@ -196,15 +216,8 @@ func (s *sharedReader) loop() {
 		s.flight, s.end, s.stale = flight, time.Now().Add(block), false
 		s.mu.Unlock()
 
-		reader, err := s.resolve(ctx, flight[0].stream)
-		var res []redis.XStream
-		if err == nil {
-			s.reads.Add(1)
-			res, err = reader.read(ctx, &redis.XReadGroupArgs{Group: s.group, Consumer: s.consumer, Streams: streams, Count: count, Block: block})
-			if reader.direct.Load() {
-				s.unblockable.Store(false)
-			}
-		}
+		s.reads.Add(1)
+		res, err := reader.read(ctx, &redis.XReadGroupArgs{Group: s.group, Consumer: s.consumer, Streams: streams, Count: count, Block: block})
 		if err != nil && !errors.Is(err, redis.Nil) && !isReplyError(err, "NOGROUP", "UNBLOCKED") {
 			s.drop() // MOVED, ASK, a failed connection: resolve the node again
 		}

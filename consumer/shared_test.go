@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
@@ -92,10 +93,25 @@ func TestPool_sharedRead(t *testing.T) {
 // TestPool_sharedReadRoom: a queue left out of the shared read (no room)
 // whose backlog waits is read as soon as it gets room, not when the other
 // queue's blocking read times out.
+// On miniredis (no CLIENT ID, so no CLIENT UNBLOCK) the shared read's
+// block is bounded instead.
 func TestPool_sharedReadRoom(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Shared(t)
-	prefix := "{" + redistest.Prefix(t, rdb) + "}"
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		rdb := redistest.Shared(t)
+		sharedReadRoom(t, rdb, "{"+redistest.Prefix(t, rdb)+"}")
+	})
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		m := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		sharedReadRoom(t, rdb, "{room}")
+	})
+}
+
+func sharedReadRoom(t *testing.T, rdb *redis.Client, prefix string) {
 	const block = 20 * time.Second
 	cfg := func(s string) consumer.Config {
 		c := poolConfig(prefix + s)
