@@ -176,8 +176,9 @@ func (s *sharedReader) loop() {
 				return
 			}
 		}
+		first := s.pending[0].stream
 		s.mu.Unlock()
-		reader, err := s.resolve(ctx, s.pending[0].stream)
+		reader, err := s.resolve(ctx, first)
 		if err == nil {
 			err = reader.prepare(ctx)
 		}

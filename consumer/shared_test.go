@@ -268,3 +268,52 @@ func TestPool_clusterSharedTag(t *testing.T) {
 		}
 	}
 }
+
+// TestPool_sharedReadIdle: idle queues of one read group cost one read per
+// Block together, not one each (nor an interrupt each).
+func TestPool_sharedReadIdle(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	rdb := srv.Client(t)
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 10})
+	const queues, block, window = 5, 200 * time.Millisecond, 2 * time.Second
+	for i := range queues {
+		cfg := poolConfig(fmt.Sprintf("{idle}:q%d", i))
+		cfg.Block = block
+		p.Add(cfg, consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil }))
+	}
+	runPool(t, p)
+	ctx := context.Background()
+	waitFor(t, 20*time.Second, "the pool ready", func() bool { return p.Health().Ready })
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatalf("CONFIG RESETSTAT: %v", err)
+	}
+	start := time.Now()
+	time.Sleep(window) // the window measured, not a wait for a condition
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatalf("INFO: %v", err)
+	}
+	calls := func(cmd string) int {
+		_, rest, ok := strings.Cut(info, "cmdstat_"+cmd+":calls=")
+		if !ok {
+			return 0
+		}
+		n := 0
+		for _, c := range rest {
+			if c < '0' || c > '9' {
+				break
+			}
+			n = 10*n + int(c-'0')
+		}
+		return n
+	}
+	reads, unblocks := calls("xreadgroup"), calls("client|unblock")
+	t.Logf("%d idle queues, Block %v, %v: %d XREADGROUP, %d CLIENT UNBLOCK", queues, block, elapsed, reads, unblocks)
+	// Unshared, each queue reads once per Block (46 reads measured);
+	// shared, about one read per Block for all.
+	if alone := queues * int(elapsed/block); reads >= alone/2 {
+		t.Errorf("%d reads in %v: about one per queue per Block (%d), want them shared", reads, elapsed, alone)
+	}
+}
