@@ -87,13 +87,14 @@ const maxWeight = 1_000_000
 // time until the next slot frees, and a low-priority queue's prefetched
 // jobs never keep a slot from a high-priority job.
 //
-// Reading: each queue reads its own stream (one blocking XREADGROUP per
-// queue, sized by its Max and Prefetch as a consumer's Concurrency and
-// Prefetch). On a single node each holds a connection of the client's pool
-// for it; on Redis Cluster the reads go through the ClusterClient (MOVED
-// and ASK are its own), each blocked read holding a connection of its
-// node. Run refuses a client whose PoolSize is under twice the number of
-// queues.
+// Reading: the queues that one XREADGROUP can read together (the same
+// group and consumer name; on Redis Cluster, streams in one hash slot too,
+// such as streams under one hash tag) are read by one blocking XREADGROUP
+// on one connection, each queue asking for what its Max and Prefetch leave
+// room for (a queue without room is left out of the read, and the read is
+// interrupted when it gets room). Run refuses a client whose PoolSize (per
+// node, on Cluster) is under twice the number of these read groups. See
+// docs/pool.md for what sharing costs and what it cannot do.
 type Pool struct {
 	rdb    redis.UniversalClient
 	cfg    PoolConfig
