@@ -318,7 +318,15 @@ func (s *sharedReader) interrupter() {
 		case <-s.stop:
 			return
 		}
+		// Each attempt waits first: a read that finds entries returns
+		// within it, and needs no CLIENT UNBLOCK (a backlog's reads would
+		// otherwise cost one each).
 		for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+			select {
+			case <-time.After(wait):
+			case <-s.stop:
+				return
+			}
 			s.mu.Lock()
 			r, needed := s.reader, s.flight != nil && s.stale
 			s.mu.Unlock()
@@ -332,11 +340,6 @@ func (s *sharedReader) interrupter() {
 			}
 			if ok {
 				break
-			}
-			select {
-			case <-time.After(wait):
-			case <-s.stop:
-				return
 			}
 		}
 	}
