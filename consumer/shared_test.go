@@ -317,3 +317,94 @@ func TestPool_sharedReadIdle(t *testing.T) {
 		t.Errorf("%d reads in %v: about one per queue per Block (%d), want them shared", reads, elapsed, alone)
 	}
 }
+
+// TestPool_clusterSlotMove: the slot of a read group's streams moves to
+// another master while the shared read blocks on the old one; the read
+// group reads on the new master and runs every job, enqueued before and
+// after the move, once.
+func TestPool_clusterSlotMove(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Client(t, func(o *redis.ClusterOptions) { o.ClientName = "poolmove" })
+	ctx := context.Background()
+	streams := []string{"{move}:a", "{move}:b"}
+	slot := keyslot.Of(streams[0])
+	p := consumer.NewPool(rdb, consumer.PoolConfig{Concurrency: 4})
+	var mu sync.Mutex
+	done := map[string]int{}
+	var qs []*consumer.Queue
+	for _, s := range streams {
+		cfg := poolConfig(s)
+		cfg.Block = 2 * time.Second
+		qs = append(qs, p.Add(cfg, consumer.QueueOptions{}).Handle(countJobs(&mu, done)))
+	}
+	for _, q := range qs {
+		poolFill(t, rdb, q.Stream(), 20)
+	}
+	runPool(t, p)
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(done)
+	}
+	waitFor(t, 30*time.Second, "the jobs before the move", func() bool { return count() == 40 })
+
+	src, err := rdb.MasterForKey(ctx, streams[0])
+	if err != nil {
+		t.Fatalf("MasterForKey: %v", err)
+	}
+	nodes, err := redistest.ClusterNodes(cl.Masters()[0])
+	if err != nil {
+		t.Fatalf("CLUSTER NODES: %v", err)
+	}
+	var srcID, dstID, dstAddr string
+	for _, n := range nodes {
+		switch {
+		case !n.Is("master"):
+		case n.Addr == src.Options().Addr:
+			srcID = n.ID
+		case dstID == "":
+			dstID, dstAddr = n.ID, n.Addr
+		}
+	}
+	dst := redis.NewClient(&redis.Options{Addr: dstAddr})
+	t.Cleanup(func() { _ = dst.Close() })
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	must("IMPORTING", dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	must("MIGRATING", src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	keys, err := src.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
+	must("GETKEYSINSLOT", err)
+	host, port, _ := strings.Cut(dstAddr, ":")
+	args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	must("MIGRATE", src.Do(ctx, args...).Err())
+	for _, m := range cl.Masters() {
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		must("SETSLOT NODE", c.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+		_ = c.Close()
+	}
+	for _, q := range qs {
+		prod := stream.NewProducer(rdb, stream.ProducerConfig{Stream: q.Stream()})
+		for i := range 20 {
+			if _, err := prod.Enqueue(ctx, &stream.Job{Type: "t", Payload: fmt.Appendf(nil, "%s/after%d", q.Stream(), i)}); err != nil {
+				t.Fatalf("Enqueue after the move: %v", err)
+			}
+		}
+	}
+	waitFor(t, 60*time.Second, "the jobs after the move", func() bool { return count() == 80 })
+	waitFor(t, 30*time.Second, "the shared read blocked on the new master", func() bool { return blockedReads(t, dst, "poolmove") == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	for k, n := range done {
+		if n != 1 {
+			t.Errorf("job %s done %d times", k, n)
+		}
+	}
+}
