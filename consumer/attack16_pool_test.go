@@ -203,7 +203,9 @@ func TestAttack16Pool_validateEdges(t *testing.T) {
 			rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", PoolSize: size})
 			p := consumer.NewPool(rdb, consumer.PoolConfig{})
 			for _, s := range []string{"a", "b", "c"} {
-				p.Add(q(s), consumer.QueueOptions{}).Handle(h)
+				cfg := q(s)
+				cfg.Consumer = "c-" + s // a read group each
+				p.Add(cfg, consumer.QueueOptions{}).Handle(h)
 			}
 			err := p.Validate()
 			rdb.Close()

@@ -131,13 +131,19 @@ func (s *share) release(n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for range n {
-		if s.used <= s.min {
-			b.lacking++
-		}
-		s.used--
-		b.free++
+		b.put(s)
 	}
 	b.grant()
+}
+
+// put takes one slot back from s. Call it with b.mu held, then grant (or
+// take the slot again).
+func (b *budget) put(s *share) {
+	if s.used <= s.min {
+		b.lacking++
+	}
+	s.used--
+	b.free++
 }
 
 // acquireAll waits until no job of any queue of the pool runs, and takes
@@ -202,24 +208,9 @@ func (s *share) keep(ctx context.Context) bool {
 	}
 	b := s.b
 	b.mu.Lock()
-	if s.used <= s.min {
-		b.lacking++
-	}
-	s.used--
-	b.free++
+	b.put(s)
 	if b.eligible(s) {
-		better, all := false, true
-		for _, t := range b.shares {
-			if t == s {
-				continue
-			}
-			if len(t.waiters) == 0 {
-				all = false
-			} else if b.eligible(t) && b.before(t, s) {
-				better = true
-			}
-		}
-		if !better {
+		if t, all := b.pick(s); t == nil || !b.before(t, s) {
 			if all {
 				s.contention++
 			}
@@ -231,6 +222,26 @@ func (s *share) keep(ctx context.Context) bool {
 	b.grant()
 	b.mu.Unlock()
 	return s.acquire(ctx)
+}
+
+// pick returns the waiting share, other than except, that the policy gives
+// the next free slot to (nil: none may take one), and whether every share
+// but except has waiters. Call it with b.mu held.
+func (b *budget) pick(except *share) (pick *share, all bool) {
+	all = true
+	for _, s := range b.shares {
+		if s == except {
+			continue
+		}
+		if len(s.waiters) == 0 {
+			all = false
+			continue
+		}
+		if b.eligible(s) && (pick == nil || b.before(s, pick)) {
+			pick = s
+		}
+	}
+	return pick, all
 }
 
 // eligible reports whether s may take a slot now: one is free, and taking
@@ -273,20 +284,7 @@ func (b *budget) grant() {
 		return
 	}
 	for b.free > 0 {
-		var pick *share
-		all := true
-		for _, s := range b.shares {
-			if len(s.waiters) == 0 {
-				all = false
-				continue
-			}
-			if !b.eligible(s) {
-				continue
-			}
-			if pick == nil || b.before(s, pick) {
-				pick = s
-			}
-		}
+		pick, all := b.pick(nil)
 		if pick == nil {
 			return
 		}

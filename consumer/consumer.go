@@ -31,6 +31,9 @@ type Consumer struct {
 	done    chan struct{}
 	runErr  error
 	started atomic.Bool
+	// reader is the queue's part of its pool's shared read, set by
+	// Pool.Run; nil: Run reads with a blockingReader of its own.
+	reader xreader
 
 	// Set by Run.
 	r         resolved
@@ -172,7 +175,10 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	defer stopWork()
 	var loops, side sync.WaitGroup
 	loops.Go(func() { c.watchPauses(work) })
-	reader := newBlockingReader(c.rdb)
+	reader := c.reader
+	if reader == nil {
+		reader = newBlockingReader(c.rdb)
+	}
 	loops.Go(func() {
 		defer reader.close()
 		c.readLoop(work, reader)
@@ -267,7 +273,7 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 // waitInterrupting waits for the intake loops to return, interrupting the
 // reader's blocked read until they do (a read may start just after an
 // interrupt).
-func waitInterrupting(loops *sync.WaitGroup, reader *blockingReader) {
+func waitInterrupting(loops *sync.WaitGroup, reader xreader) {
 	done := make(chan struct{})
 	go func() {
 		loops.Wait()

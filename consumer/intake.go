@@ -44,7 +44,7 @@ func (c *Consumer) release(n int) {
 // entries idle past the visibility timeout. Reads and sweeps share the loop
 // so that a blocked read never holds the slots a sweep needs; a read blocks
 // no longer than until the next sweep is due.
-func (c *Consumer) readLoop(ctx context.Context, reader *blockingReader) {
+func (c *Consumer) readLoop(ctx context.Context, reader xreader) {
 	var backoff backoff
 	after := "0"
 	for ctx.Err() == nil {
@@ -206,7 +206,7 @@ func tryTake(ch chan struct{}, max int) int {
 // intake reads or sweeps once, holding the gate shared so that no fresh job
 // is taken in while a suspect waits to run alone. It returns false when the
 // consumer stops.
-func (c *Consumer) intake(ctx context.Context, reader *blockingReader, nextSweep *time.Time, backoff *backoff) bool {
+func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.Time, backoff *backoff) bool {
 	if !time.Now().Before(*nextSweep) {
 		c.gate.RLock()
 		c.sweep(ctx)

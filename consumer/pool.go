@@ -87,13 +87,14 @@ const maxWeight = 1_000_000
 // time until the next slot frees, and a low-priority queue's prefetched
 // jobs never keep a slot from a high-priority job.
 //
-// Reading: each queue reads its own stream (one blocking XREADGROUP per
-// queue, sized by its Max and Prefetch as a consumer's Concurrency and
-// Prefetch). On a single node each holds a connection of the client's pool
-// for it; on Redis Cluster the reads go through the ClusterClient (MOVED
-// and ASK are its own), each blocked read holding a connection of its
-// node. Run refuses a client whose PoolSize is under twice the number of
-// queues.
+// Reading: the queues that one XREADGROUP can read together (the same
+// group and consumer name; on Redis Cluster, streams in one hash slot too,
+// such as streams under one hash tag) are read by one blocking XREADGROUP
+// on one connection, each queue asking for what its Max and Prefetch leave
+// room for (a queue without room is left out of the read, and the read is
+// interrupted when it gets room). Run refuses a client whose PoolSize (per
+// node, on Cluster) is under twice the number of these read groups. See
+// docs/pool.md for what sharing costs and what it cannot do.
 type Pool struct {
 	rdb    redis.UniversalClient
 	cfg    PoolConfig
@@ -105,6 +106,7 @@ type Pool struct {
 	done    chan struct{}
 	runErr  error
 	budget  *budget
+	shared  []*sharedReader // the read groups' readers, set by Run
 }
 
 // Queue is one queue of a [Pool]: set its middleware and handler with
@@ -266,10 +268,35 @@ func (p *Pool) resolve() ([]QueueOptions, error) {
 	if sumMin > n {
 		return nil, fmt.Errorf("consumer: the queues' QueueOptions.Min add up to %d, more than PoolConfig.Concurrency (%d)", sumMin, n)
 	}
-	if size, ok := clientPoolSize(p.rdb); ok && size < 2*len(qs) {
-		return nil, fmt.Errorf("consumer: the Redis client's PoolSize (%d) must be at least twice the number of queues (%d): each queue holds a connection for its blocking read", size, len(qs))
+	if size, ok := clientPoolSize(p.rdb); ok {
+		if g := len(readGroups(p.rdb, qs)); size < 2*g {
+			return nil, fmt.Errorf("consumer: the Redis client's PoolSize (%d) must be at least twice the number of read groups (%d): each holds a connection for its blocking read", size, g)
+		}
 	}
 	return opts, nil
+}
+
+// readGroups returns the queues grouped by the one blocking read that
+// serves them (see shared.go), in the order of their first queue.
+func readGroups(rdb redis.UniversalClient, qs []*Queue) [][]*Queue {
+	var groups [][]*Queue
+	at := make(map[string]int, len(qs))
+	for _, q := range qs {
+		r, err := q.cfg.resolve()
+		if err != nil { // Validate has refused it already
+			continue
+		}
+		key, ok := readGroupKey(rdb, r.Stream, r.Group, r.Consumer)
+		if i, seen := at[key]; ok && seen {
+			groups[i] = append(groups[i], q)
+			continue
+		}
+		if ok {
+			at[key] = len(groups)
+		}
+		groups = append(groups, []*Queue{q})
+	}
+	return groups
 }
 
 // clientPoolSize returns the connection pool size (per node, on Cluster) of
@@ -313,6 +340,16 @@ func (p *Pool) Run(ctx context.Context) (err error) {
 	for i, q := range qs {
 		q.c.cfg.Concurrency = opts[i].Max
 		q.c.share = p.budget.add(opts[i].Min, opts[i].Weight, opts[i].Priority)
+	}
+	for _, g := range readGroups(p.rdb, qs) {
+		r := g[0].c.cfg // the queues of a group share its group and consumer name
+		rr, _ := r.resolve()
+		s := newSharedReader(p.rdb, rr.Group, rr.Consumer, len(g))
+		defer s.close() // after every queue's Run has returned
+		for _, q := range g {
+			q.c.reader = s.member()
+		}
+		p.shared = append(p.shared, s)
 	}
 	p.mu.Unlock()
 	type result struct {

@@ -397,11 +397,32 @@ func TestPool_Validate(t *testing.T) {
 		rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", PoolSize: 5})
 		defer rdb.Close()
 		p := consumer.NewPool(rdb, consumer.PoolConfig{})
+		// Three consumer names: three read groups.
 		for _, s := range []string{"a", "b", "c"} {
-			p.Add(q(s), consumer.QueueOptions{}).Handle(h)
+			cfg := q(s)
+			cfg.Consumer = "c-" + s
+			p.Add(cfg, consumer.QueueOptions{}).Handle(h)
 		}
-		if err := p.Validate(); err == nil || !strings.Contains(err.Error(), "PoolSize (5) must be at least twice the number of queues (3)") {
+		if err := p.Validate(); err == nil || !strings.Contains(err.Error(), "PoolSize (5) must be at least twice the number of read groups (3)") {
 			t.Fatalf("Validate: %v", err)
+		}
+	})
+	t.Run("one read group", func(t *testing.T) {
+		// The same group and consumer name: one read for all three.
+		for _, size := range []int{1, 2} {
+			rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", PoolSize: size})
+			p := consumer.NewPool(rdb, consumer.PoolConfig{})
+			for _, s := range []string{"a", "b", "c"} {
+				p.Add(q(s), consumer.QueueOptions{}).Handle(h)
+			}
+			err := p.Validate()
+			rdb.Close()
+			if size == 1 && (err == nil || !strings.Contains(err.Error(), "PoolSize (1) must be at least twice the number of read groups (1)")) {
+				t.Errorf("PoolSize 1: Validate: %v", err)
+			}
+			if size == 2 && err != nil {
+				t.Errorf("PoolSize 2: Validate: %v, want nil", err)
+			}
 		}
 	})
 }

@@ -9,6 +9,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// xreader sends a consumer's blocking XREADGROUP: a [blockingReader] of its
+// own, or its part of a pool's shared read (shared.go).
+type xreader interface {
+	read(ctx context.Context, args *redis.XReadGroupArgs) ([]redis.XStream, error)
+	// interrupt ends a blocked read, if there is one.
+	interrupt()
+	// close releases the reader; call it after the last read.
+	close()
+}
+
 // blockingReader runs the blocking XREADGROUP. On a single-node client it
 // uses a connection of its own, whose CLIENT ID lets [blockingReader.interrupt]
 // end a blocked read at once with CLIENT UNBLOCK, so that shutdown does not
@@ -19,12 +29,17 @@ type blockingReader struct {
 	cl   *redis.Client // rdb, when it is a single-node client
 	conn *redis.Conn   // nil: read through rdb; used by the reading goroutine only
 	id   atomic.Int64  // CLIENT ID of conn; 0 when not known
+	// direct: conn was dropped because the server has no CLIENT ID; reads
+	// go through rdb and cannot be interrupted.
+	direct atomic.Bool
 }
 
 func newBlockingReader(rdb redis.UniversalClient) *blockingReader {
 	r := &blockingReader{rdb: rdb}
+	r.direct.Store(true)
 	if cl, ok := rdb.(*redis.Client); ok {
 		r.cl, r.conn = cl, cl.Conn()
+		r.direct.Store(false)
 	}
 	return r
 }
@@ -43,23 +58,35 @@ func (r *blockingReader) renew(err error) {
 	r.conn = r.cl.Conn()
 }
 
+// prepare asks for the connection's CLIENT ID, if it is not known yet;
+// on a server without CLIENT ID (miniredis) the reader reads through the
+// client from then on (direct).
+func (r *blockingReader) prepare(ctx context.Context) error {
+	if r.conn == nil || r.id.Load() != 0 {
+		return nil
+	}
+	id, err := r.conn.ClientID(ctx).Result()
+	var rerr redis.Error
+	switch {
+	case errors.As(err, &rerr): // the server has no CLIENT ID (miniredis)
+		_ = r.conn.Close()
+		r.conn = nil
+		r.direct.Store(true)
+		return nil
+	case err != nil:
+		r.renew(err)
+		return err
+	}
+	r.id.Store(id)
+	return nil
+}
+
 func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) ([]redis.XStream, error) {
+	if err := r.prepare(ctx); err != nil {
+		return nil, err
+	}
 	if r.conn == nil {
 		return r.rdb.XReadGroup(ctx, args).Result()
-	}
-	if r.id.Load() == 0 {
-		id, err := r.conn.ClientID(ctx).Result()
-		var rerr redis.Error
-		switch {
-		case errors.As(err, &rerr): // the server has no CLIENT ID (miniredis)
-			_ = r.conn.Close()
-			r.conn = nil
-			return r.rdb.XReadGroup(ctx, args).Result()
-		case err != nil:
-			r.renew(err)
-			return nil, err
-		}
-		r.id.Store(id)
 	}
 	res, err := r.conn.XReadGroup(ctx, args).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -70,15 +97,31 @@ func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) (
 }
 
 // interrupt ends a blocked read, if there is one, with CLIENT UNBLOCK.
-func (r *blockingReader) interrupt() {
+func (r *blockingReader) interrupt() { _, _ = r.unblock() }
+
+// unblock sends CLIENT UNBLOCK for the reader's connection. It reports
+// whether a blocked read was ended, and false and an error when the reader
+// cannot be interrupted: it reads through the client (no CLIENT ID), or the
+// server refused CLIENT UNBLOCK (NOPERM).
+func (r *blockingReader) unblock() (bool, error) {
+	if r.direct.Load() {
+		return false, errNoClientID
+	}
 	id := r.id.Load()
 	if id == 0 {
-		return
+		return false, nil // no read has asked for the ID yet
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = r.rdb.ClientUnblock(ctx, id).Err()
+	n, err := r.rdb.ClientUnblock(ctx, id).Result()
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return false, err
+	}
+	return n == 1, nil
 }
+
+var errNoClientID = errors.New("consumer: the server has no CLIENT ID")
 
 // close releases the reader's connection. Call it from the reading
 // goroutine, after its last read.
