@@ -171,7 +171,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	work, stopWork := context.WithCancel(c.base)
 	defer stopWork()
 	var loops, side sync.WaitGroup
-	loops.Go(func() { c.watchPauses(work) })
+	cancels := make(chan string, 1)
+	loops.Go(func() { c.watchPauses(work, cancels) })
+	loops.Go(func() { c.watchCancels(work, cancels) })
 	reader := newBlockingReader(c.rdb)
 	loops.Go(func() {
 		defer reader.close()
