@@ -11,15 +11,17 @@
 --               ({stream}:job:<job id>, stream/index.go)
 -- ARGV[7]  t: the number of tracked jobs
 -- ARGV[8]  the time to live of a done job's record, ms
--- ARGV[9..8+2t] for each tracked job, in KEYS order: its entry ID and the
---               result its handler recorded ("" for none)
--- then, from b = 9+2t:
+-- ARGV[9..8+3t] for each tracked job, in KEYS order: its entry ID, the
+--               state of its record ("done", or "cancelled" for a job
+--               cancelled by an operator) and the result its handler
+--               recorded ("" for none)
+-- then, from b = 9+3t:
 -- ARGV[b..b-1+n]  entry IDs to acknowledge (finished jobs)
 -- ARGV[b+n..]   entry IDs this consumer has already settled with another script
 --               (retry, dead-letter): only to be deleted
 -- Returns  {acked, {id owned by another consumer, ...}, {id no longer pending, ...}, deleted}
--- A tracked job this call acknowledges gets its record "done", with the time
--- and its result, for ARGV[8] ms: that SET comes after the XACK, so it
+-- A tracked job this call acknowledges gets its record "done" (or
+-- "cancelled"), with the time and its result, for ARGV[8] ms: that SET comes after the XACK, so it
 -- needs no room under maxmemory (see below).
 -- XACK itself is not consumer-scoped: a stale worker whose job was reclaimed
 -- would acknowledge the new owner's delivery. One ranged XPENDING over the
@@ -62,7 +64,7 @@ local function after(id)
 end
 
 local n, t = tonumber(ARGV[4]), tonumber(ARGV[7])
-local b = 9 + 2 * t
+local b = 9 + 3 * t
 local want = {}
 for i = b, b - 1 + n do want[ARGV[i]] = true end
 local owned, acked = {}, 0
@@ -100,9 +102,9 @@ if t > 0 and #owned > 0 then
   local tm = redis.call('TIME')
   local now = string.format('%.0f', tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000))
   for k = 1, t do
-    local id, res = ARGV[7 + 2 * k], ARGV[8 + 2 * k]
+    local id, st, res = ARGV[6 + 3 * k], ARGV[7 + 3 * k], ARGV[8 + 3 * k]
     if mine[id] then
-      redis.call('SET', KEYS[1 + k], '4:done0:0:' .. #now .. ':' .. now .. '0:' .. #res .. ':' .. res, 'PX', ARGV[8])
+      redis.call('SET', KEYS[1 + k], #st .. ':' .. st .. '0:0:' .. #now .. ':' .. now .. '0:' .. #res .. ':' .. res, 'PX', ARGV[8])
     end
   end
 end

@@ -174,7 +174,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	work, stopWork := context.WithCancel(c.base)
 	defer stopWork()
 	var loops, side sync.WaitGroup
-	loops.Go(func() { c.watchPauses(work) })
+	cancels := make(chan string, 1)
+	loops.Go(func() { c.watchPauses(work, cancels) })
+	loops.Go(func() { c.watchCancels(work, cancels) })
 	reader := c.reader
 	if reader == nil {
 		reader = newBlockingReader(c.rdb)

@@ -60,6 +60,11 @@ var (
 	// passed. A job whose handler then returns an error stays pending, for
 	// another consumer.
 	ErrShutdown = errors.New("consumer: shutting down")
+	// ErrCancelled: an operator cancelled the job (control.Cancel). Unless
+	// the handler then returns nil (the work completed: the job is done),
+	// the job is settled as cancelled: acknowledged, its record says
+	// cancelled, never retried nor dead-lettered ([KindCancelled]).
+	ErrCancelled = errors.New("consumer: job cancelled")
 )
 
 type outcomeKind int
@@ -231,6 +236,10 @@ const (
 	// it shuts down past its drain deadline) and leaves it pending for
 	// another consumer. Not a failure of the job.
 	KindAbandoned Kind = "abandoned"
+	// KindCancelled: an operator cancelled the job (control.Cancel, cause
+	// [ErrCancelled]); it is acknowledged and its record says cancelled.
+	// Not a failure of the job.
+	KindCancelled Kind = "cancelled"
 )
 
 // Decision is what the consumer does with one job given what its handler
@@ -301,7 +310,9 @@ func policyOf(ctx context.Context) *policy {
 // own ctx, job and err. The rules, the first that matches winning:
 //
 //   - ctx cancelled with cause [ErrLeaseLost]: abandoned, whatever err;
-//   - err nil: ack;
+//   - err nil: ack (a cancelled job whose handler completed anyway is done);
+//   - ctx cancelled with cause [ErrCancelled], or err wrapping it:
+//     cancelled, whatever err says (a retry, a dead letter);
 //   - ctx cancelled with cause [ErrShutdown], or err wrapping ErrShutdown or
 //     ErrLeaseLost (a cause an inner context passed on): abandoned;
 //   - a [Dead] outcome: dead-letter with its reason; [Snooze]: snooze;
@@ -337,6 +348,8 @@ func Decide(ctx context.Context, job *stream.Job, err error) Decision {
 		d.Kind = KindAbandoned
 	case err == nil:
 		d.Kind = KindAck
+	case errors.Is(cause, ErrCancelled), errors.Is(err, ErrCancelled):
+		d.Kind = KindCancelled
 	case errors.Is(cause, ErrShutdown), errors.Is(err, ErrShutdown), errors.Is(err, ErrLeaseLost):
 		d.Kind = KindAbandoned
 	default:

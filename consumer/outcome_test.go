@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +64,28 @@ func TestDecide_successAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
 	if n := testing.AllocsPerRun(100, func() { _ = consumer.Decide(ctx, job, nil) }); n != 0 {
 		t.Errorf("Decide of a success: %v allocations, want 0", n)
+	}
+}
+
+// A job cancelled by an operator (cause ErrCancelled) is cancelled whatever
+// its handler asked for (a retry, a dead letter, a plain error, the cause
+// passed on by an inner context), except nil: the work completed, it is
+// done.
+func TestDecide_cancelled(t *testing.T) {
+	t.Parallel()
+	job := &stream.Job{ID: "j", EntryID: "1-0"}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(consumer.ErrCancelled)
+	for _, err := range []error{consumer.Retry(time.Second, errors.New("x")), consumer.Dead("bad", nil),
+		consumer.Permanent(errors.New("x")), errors.New("plain"), context.Cause(ctx)} {
+		if d := consumer.Decide(ctx, job, err); d.Kind != consumer.KindCancelled || d.Failed() {
+			t.Errorf("Decide(cancelled ctx, %v) = %v (failed %v); want cancelled, not a failure", err, d.Kind, d.Failed())
+		}
+	}
+	if d := consumer.Decide(ctx, job, nil); d.Kind != consumer.KindAck {
+		t.Errorf("Decide(cancelled ctx, nil) = %v; want ack (done)", d.Kind)
+	}
+	if d := consumer.Decide(context.Background(), job, fmt.Errorf("inner: %w", consumer.ErrCancelled)); d.Kind != consumer.KindCancelled {
+		t.Errorf("Decide(err wrapping ErrCancelled) = %v; want cancelled", d.Kind)
 	}
 }

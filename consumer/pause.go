@@ -29,6 +29,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -207,6 +208,9 @@ func (c *Consumer) holdWhilePaused(t *task) bool {
 		c.endTask(t)
 		return false
 	case cancelled:
+		if errors.Is(context.Cause(t.ctx), ErrCancelled) {
+			return true // work settles it as cancelled without running it
+		}
 		c.endTask(t)
 		return false
 	}
@@ -290,8 +294,9 @@ func (c *Consumer) readPauses(ctx context.Context) {
 // done: one subscription to the queue's control channel, a re-read on each
 // message and (re)subscription, at the end of a timed pause, and every
 // pauseRefresh. A consumer that may not subscribe (a Redis ACL without the
-// channel) logs it and relies on the periodic re-read.
-func (c *Consumer) watchPauses(ctx context.Context) {
+// channel) logs it and relies on the periodic re-read. The entry IDs of
+// cancel messages (see cancel.go) go to cancels.
+func (c *Consumer) watchPauses(ctx context.Context, cancels chan<- string) {
 	defer close(c.pause.quit)
 	kick := make(chan struct{}, 1)
 	ps := c.rdb.Subscribe(ctx, c.r.keys.Control)
@@ -317,6 +322,13 @@ func (c *Consumer) watchPauses(ctx context.Context) {
 					continue
 				}
 			case *redis.Message:
+				if id := cancelEntry(m.Payload); id != "" {
+					select {
+					case cancels <- id:
+					default: // a check is under way or due: the next one sees it
+					}
+					continue
+				}
 			default:
 				continue
 			}

@@ -37,9 +37,10 @@ func SetResult(ctx context.Context, result []byte) error {
 }
 
 // ackOf returns the ack item of task t, whose job is job (nil when it did
-// not decode): with its index record and result when the job is tracked.
-func (c *Consumer) ackOf(t *task, job *stream.Job) ackItem {
-	it := ackItem{id: t.id}
+// not decode) and was done or (cancelled) cancelled: with its index record
+// and result when the job is tracked.
+func (c *Consumer) ackOf(t *task, job *stream.Job, cancelled bool) ackItem {
+	it := ackItem{id: t.id, cancelled: cancelled}
 	if job != nil && job.Track && job.ID != "" {
 		it.index = stream.JobKey(c.r.keys, job.ID)
 		if r := t.result.Load(); r != nil {

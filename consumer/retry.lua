@@ -14,8 +14,10 @@
 -- A tracked job's record becomes "retrying" with its due time and error, or
 -- "waiting" with its new entry ID.
 -- Returns  per job, in order: the new entry's ID ("" when it went to the
---          delayed set), or -1 when this consumer does not own the entry
---          (nothing was written for it).
+--          delayed set), -1 when this consumer does not own the entry
+--          (nothing was written for it), or -2 when the job's record says
+--          "cancelling" for this entry (control.Cancel): nothing was
+--          written for it, the consumer settles it as cancelled instead.
 -- Every check comes before the first write, and the first write is the XACK:
 -- Redis refuses a script's first write that needs memory while it is over
 -- maxmemory (noeviction), but lets a script that has written go on, so
@@ -32,11 +34,15 @@ local owned = {}
 for _, j in ipairs(jobs) do
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], j.id, j.id, 1)
   j.owned = #p == 1 and p[1][2] == ARGV[2]
+  if j.owned and j.index then
+    local want = '10:cancelling' .. #j.id .. ':' .. j.id
+    if string.sub(redis.call('GET', j.index) or '', 1, #want) == want then j.owned, j.cancel = false, true end
+  end
   if j.owned then owned[#owned + 1] = j.id end
 end
 local out = {}
 if #owned == 0 then
-  for k = 1, #jobs do out[k] = -1 end
+  for k, j in ipairs(jobs) do out[k] = j.cancel and -2 or -1 end
   return out
 end
 -- Under an ACL that denies a later command, a script fails halfway and keeps
@@ -55,7 +61,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('XACK', KEYS[1], ARGV[1], unpack(owned))
 for k, j in ipairs(jobs) do
-  if not j.owned then
+  if j.cancel then
+    out[k] = -2
+  elseif not j.owned then
     out[k] = -1
   elseif j.delay > 0 then
     local due = string.format('%.0f', now + j.delay)

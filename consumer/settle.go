@@ -53,6 +53,9 @@ type ackItem struct {
 	// index is the index record of a tracked job ("" for none), and
 	// result what its handler recorded (SetResult).
 	index, result string
+	// cancelled: the job was cancelled (KindCancelled); its record says
+	// cancelled, not done.
+	cancelled bool
 }
 
 // queueAck hands a finished job (or an entry to forget) to the ack loop,
@@ -212,14 +215,20 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	ids := make([]string, 0, len(items))
 	forget := settled
 	keys, tracked := []string{c.r.Stream}, []any(nil)
+	var cancelled []string
 	for _, it := range items {
 		if it.forget {
 			forget = append(forget, it.id)
 		} else {
 			ids = append(ids, it.id)
 			if it.index != "" {
+				state := stream.StateDone
+				if it.cancelled {
+					state = stream.StateCancelled
+					cancelled = append(cancelled, it.id)
+				}
 				keys = append(keys, it.index)
-				tracked = append(tracked, it.id, it.result)
+				tracked = append(tracked, it.id, state, it.result)
 			}
 		}
 	}
@@ -268,7 +277,14 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 				// Not pending any more: the earlier run acknowledged them.
 				gone = nil
 			}
-			c.stats.acked.Add(uint64(len(ids) - len(stale) - len(gone)))
+			n := len(cancelled)
+			for _, id := range cancelled {
+				if slices.Contains(stale, id) || slices.Contains(gone, id) {
+					n--
+				}
+			}
+			c.stats.cancelled.Add(uint64(n))
+			c.stats.acked.Add(uint64(len(ids) - len(stale) - len(gone) - n))
 			for _, id := range stale {
 				c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "finished job is owned by another consumer now (it was reclaimed and runs again there); not acknowledged here",
 					c.entryAttrs(id, errKindLeaseLost, "")...)
@@ -400,6 +416,13 @@ func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delive
 	case serr != nil:
 		attrs := append(c.jobAttrs(d.id, job, ran, kind, ""), slog.String("job_error", c.errorText(job, errText(err))))
 		c.errLog.error("scheduling a retry failed; the job stays pending and will run again", serr, anys(attrs)...)
+	case res == int64(-2):
+		// Cancelled (control.Cancel) before this consumer heard of it:
+		// acknowledged as cancelled instead.
+		c.r.Logger.LogAttrs(c.base, slog.LevelInfo, "failed job was cancelled by an operator; settled as cancelled, not rescheduled",
+			c.jobAttrs(d.id, job, ran, errKindCancelled, "")...)
+		c.queueAck(ackItem{id: d.id, index: index, cancelled: true})
+		return false
 	case res == int64(-1):
 		c.stats.stale.Add(1)
 		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "failed job was no longer owned by this consumer; not rescheduled here",
@@ -591,6 +614,7 @@ const (
 	errKindShutdown  = "shutdown"
 	errKindLeaseLost = "lease_lost"
 	errKindLost      = "lost"
+	errKindCancelled = "cancelled"
 )
 
 // deadKind returns the error_kind of a job dead-lettered with reason: the

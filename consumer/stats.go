@@ -13,6 +13,9 @@ import (
 type Stats struct {
 	// Acked is the number of jobs acknowledged as done.
 	Acked uint64
+	// Cancelled is the number of jobs acknowledged as cancelled
+	// (control.Cancel, [KindCancelled]).
+	Cancelled uint64
 	// Retried is the number of jobs rescheduled for a later attempt.
 	Retried uint64
 	// Snoozed is the number of jobs rescheduled without counting an
@@ -49,13 +52,14 @@ type counters struct {
 	// (Consumer.Health).
 	acked, retried, snoozed, dead, leaseLost                  eventCount
 	suspects, reclaimed, lost, stale, readErrors, deadTrimmed atomic.Uint64
+	cancelled                                                 atomic.Uint64
 }
 
 // Stats returns the consumer's counters.
 func (c *Consumer) Stats() Stats {
 	s := &c.stats
 	return Stats{
-		Acked: s.acked.Load(), Retried: s.retried.Load(), Snoozed: s.snoozed.Load(), Suspects: s.suspects.Load(),
+		Acked: s.acked.Load(), Cancelled: s.cancelled.Load(), Retried: s.retried.Load(), Snoozed: s.snoozed.Load(), Suspects: s.suspects.Load(),
 		DeadLettered: s.dead.Load(),
 		Reclaimed:    s.reclaimed.Load(), Lost: s.lost.Load(), Stale: s.stale.Load(),
 		LeaseLost: s.leaseLost.Load(), ReadErrors: s.readErrors.Load(), DeadTrimmed: s.deadTrimmed.Load(),

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -186,14 +187,25 @@ func (c *Consumer) runAlone(ctx context.Context, r suspectRun) {
 // returns false, having done nothing, when r must run alone (mode is
 // "shared" and r has a counted run).
 func (c *Consumer) runSuspect(r suspectRun, mode string) bool {
-	if context.Cause(r.ctx) != nil {
+	key := c.crashKey(r.d)
+	switch cause := context.Cause(r.ctx); {
+	case errors.Is(cause, ErrCancelled):
+		// Cancelled while it waited: settled without running.
+		if c.work(r.ctx, r.t, r.d, "") == endSettled {
+			c.clearCrashes(key, true)
+		}
+		return true
+	case cause != nil:
 		// Its lease ended while it waited: another consumer may run it.
 		c.endTask(r.t)
 		return true
 	}
-	key := c.crashKey(r.d)
+	keys := []string{c.r.Stream, key}
+	if id, _ := r.d.fields[stream.FieldJobID].(string); id != "" && r.d.fields[stream.FieldTrack] == "1" {
+		keys = append(keys, stream.JobKey(c.r.keys, id))
+	}
 	ctx, cancel := c.settleContext()
-	res, err := suspectScript.Run(ctx, c.rdb, []string{c.r.Stream, key},
+	res, err := suspectScript.Run(ctx, c.rdb, keys,
 		c.r.Group, c.r.Consumer, r.d.id, c.r.MaxCrashes, crashCounterTTL.Milliseconds(), mode).Result()
 	cancel()
 	reply, _ := res.([]any)
@@ -214,6 +226,13 @@ func (c *Consumer) runSuspect(r suspectRun, mode string) bool {
 	}
 	runs, _ := reply[0].(int64)
 	switch verdict, _ := reply[1].(int64); verdict {
+	case 3:
+		// Cancelled while another consumer ran it: settled without running.
+		r.t.cancel(ErrCancelled)
+		if c.work(r.ctx, r.t, r.d, "") == endSettled {
+			c.clearCrashes(key, true)
+		}
+		return true
 	case 2:
 		return false
 	case 0:

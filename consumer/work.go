@@ -150,7 +150,7 @@ func (c *Consumer) runWorker(ctx context.Context) {
 // budget (budget.go), or keeps the one its worker held (held), and returns
 // whether it holds one still.
 func (c *Consumer) runQueued(ctx context.Context, t *task, held bool) bool {
-	if c.pause.holds(t.d.fields) {
+	if t.ctx.Err() == nil && c.pause.holds(t.d.fields) {
 		if held {
 			c.share.release(1)
 		}
@@ -266,10 +266,12 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 	if crashed != "" && reason == "" {
 		reason, deadError = ReasonCrashed, errors.New(crashed)
 	}
+	// Cancelled before it started (queued, held, a suspect): it never runs.
+	early := reason == "" && errors.Is(context.Cause(ctx), ErrCancelled)
 	c.mu.Lock()
 	t.job = job
-	t.finished = reason != ""
-	if reason == "" {
+	t.finished = reason != "" || early
+	if reason == "" && !early {
 		t.start = time.Now()
 	}
 	c.mu.Unlock()
@@ -284,18 +286,23 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		c.mu.Unlock()
 		return endSettled
 	}
-	var stop context.CancelFunc = func() {}
-	if c.r.MaxRuntime > 0 {
-		ctx, stop = context.WithTimeout(ctx, c.r.MaxRuntime)
+	var err error
+	if early {
+		err = context.Cause(ctx)
+	} else {
+		var stop context.CancelFunc = func() {}
+		if c.r.MaxRuntime > 0 {
+			ctx, stop = context.WithTimeout(ctx, c.r.MaxRuntime)
+		}
+		err = c.call(ctx, job)
+		stop()
+		c.mu.Lock()
+		t.finished = true
+		t.ran = time.Since(t.start)
+		c.mu.Unlock()
+		c.noteRunTime(t.ran)
 	}
-	err := c.call(ctx, job)
-	stop()
 	cause := context.Cause(ctx)
-	c.mu.Lock()
-	t.finished = true
-	t.ran = time.Since(t.start)
-	c.mu.Unlock()
-	c.noteRunTime(t.ran)
 	forget := true // leave the in-flight set now, or (acks) once acknowledged
 	defer func() {
 		if forget {
@@ -313,26 +320,41 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 	case dec.Kind == KindAbandoned:
 		c.giveBack([]string{t.id})
 		return endShutdown
-	case dec.Kind == KindAck && t.suspect:
+	case (dec.Kind == KindAck || dec.Kind == KindCancelled) && t.suspect:
 		// A suspect is acknowledged before the next one starts (not once
 		// Run has returned: it then stays pending, as Run said).
+		c.logCancelled(t, job, dec, early)
 		select {
 		case <-c.ackDone:
 		default:
 			forget = false
-			c.flushAcks([]ackItem{c.ackOf(t, job)}, nil, true)
+			c.flushAcks([]ackItem{c.ackOf(t, job, dec.Kind == KindCancelled)}, nil, true)
 		}
-	case dec.Kind == KindAck:
+	case dec.Kind == KindAck || dec.Kind == KindCancelled:
 		// The job stays in the in-flight set until the ack loop has
 		// acknowledged it, so that this consumer's own sweep cannot start
 		// it again in between.
-		forget = !c.queueAck(c.ackOf(t, job))
+		c.logCancelled(t, job, dec, early)
+		forget = !c.queueAck(c.ackOf(t, job, dec.Kind == KindCancelled))
 	default:
 		if c.settle(ctx, job, d, dec) {
 			return endRescheduled
 		}
 	}
 	return endSettled
+}
+
+// logCancelled logs a job settled as cancelled (dec), which had not
+// started (early) or whose handler returned after the cancel.
+func (c *Consumer) logCancelled(t *task, job *stream.Job, dec Decision, early bool) {
+	if dec.Kind != KindCancelled {
+		return
+	}
+	msg := "cancelled job's handler returned; settled as cancelled"
+	if early {
+		msg = "cancelled job settled as cancelled without running"
+	}
+	c.r.Logger.LogAttrs(c.base, slog.LevelInfo, msg, c.jobAttrs(t.id, job, t.ran, errKindCancelled, "")...)
 }
 
 // call runs the handler chain, turning a panic into a *PanicError.

@@ -24,9 +24,6 @@ var (
 	ErrUnknownJob = errors.New("control: unknown job")
 	// ErrJobFinished: the job is done, dead-lettered or cancelled already.
 	ErrJobFinished = errors.New("control: job already finished")
-	// ErrJobRunning: a consumer holds the job. Cancelling a running job is
-	// not supported yet.
-	ErrJobRunning = errors.New("control: job is running")
 )
 
 // maxSameDue bounds the delayed-set members cancel.lua reads to find a job:
@@ -34,14 +31,29 @@ var (
 const maxSameDue = 1000
 
 // Cancel cancels the tracked job jobID (see stream.Job.Track) of the queue
-// whose stream is named stream, in one script: a scheduled or retrying job
-// is removed from the delayed set, a waiting job (in the stream, not
-// delivered to any group) is deleted from the stream, and its record says
-// stream.StateCancelled for stream.DefaultTrackTTL, so that [Lookup]
-// reports it. It returns the state the job had. A job that is running
-// returns [ErrJobRunning], one done, dead or cancelled [ErrJobFinished],
-// and one without a record [ErrUnknownJob] (wrapped, with the state); none
-// of them changes anything.
+// whose stream is named stream, in one script, and returns the state the
+// job had:
+//
+//   - scheduled or retrying: removed from the delayed set;
+//   - waiting (in the stream, not delivered to any group): deleted from the
+//     stream;
+//   - running (pending in a group): returns stream.StateCancelling. The
+//     record says cancelling, and the consumer that holds the job is told
+//     on the queue's control channel (Keys.Control); within about a second
+//     (its check of the records of the tracked jobs it holds, if the
+//     message is lost) it cancels the handler's context with cause
+//     consumer.ErrCancelled, or settles the job without running it if it
+//     has not started; a consumer that reclaims it from a dead one does the
+//     same. The job then ends cancelled, or done if its handler completed
+//     anyway (returned nil): the record says which. Asked again while the
+//     job is cancelling, Cancel returns stream.StateCancelling again and
+//     tells the consumer again.
+//
+// A cancelled job's record says stream.StateCancelled for
+// stream.DefaultTrackTTL (consumer.Config.TrackTTL when a consumer settled
+// it), so that [Lookup] reports it. A job done, dead or cancelled returns
+// [ErrJobFinished], and one without a record [ErrUnknownJob] (wrapped, with
+// the state); neither changes anything.
 func Cancel(ctx context.Context, rdb redis.UniversalClient, streamName, jobID string) (string, error) {
 	keys, err := stream.KeysFor(streamName)
 	if err != nil {
@@ -51,7 +63,7 @@ func Cancel(ctx context.Context, rdb redis.UniversalClient, streamName, jobID st
 		return "", fmt.Errorf("control: job ID must be 1 to %d bytes, got %d", MaxJobIDBytes, len(jobID))
 	}
 	res, err := cancelScript.Run(ctx, rdb, []string{keys.Stream, keys.Delayed, stream.JobKey(keys, jobID)},
-		jobID, stream.DefaultTrackTTL.Milliseconds(), maxSameDue).StringSlice()
+		jobID, stream.DefaultTrackTTL.Milliseconds(), maxSameDue, keys.Control).StringSlice()
 	if err != nil {
 		return "", fmt.Errorf("control: cancel job %s (outcome unknown): %w", clip(jobID), err)
 	}
@@ -62,8 +74,8 @@ func Cancel(ctx context.Context, rdb redis.UniversalClient, streamName, jobID st
 		return "", fmt.Errorf("%w %s", ErrUnknownJob, clip(jobID))
 	case len(res) == 2 && res[0] == "finished":
 		return res[1], fmt.Errorf("%w: job %s is %s", ErrJobFinished, clip(jobID), res[1])
-	case len(res) == 3 && res[0] == "running":
-		return StateRunning, fmt.Errorf("%w: job %s is held by consumer %s of group %s", ErrJobRunning, clip(jobID), clip(res[2]), clip(res[1]))
+	case len(res) == 3 && res[0] == stream.StateCancelling:
+		return stream.StateCancelling, nil
 	}
 	return "", fmt.Errorf("control: cancel job %s: unexpected reply %q", clip(jobID), res)
 }

@@ -11,14 +11,17 @@ import (
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/control"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
 // On a real Redis: a scheduled job, a retrying one and a waiting one are
 // cancelled (gone from the delayed set or the stream, Lookup says
-// cancelled); a running job, a finished one and an unknown one are refused
-// with their errors and nothing changes; cancelling twice is refused.
+// cancelled); a running one is cancelling (Lookup says where), its
+// handler's context is cancelled with ErrCancelled and it ends cancelled,
+// not retried; a finished one and an unknown one are refused with their
+// errors and nothing changes; cancelling twice is refused.
 func TestCancel_states(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Shared(t)
@@ -83,18 +86,24 @@ func TestCancel_states(t *testing.T) {
 		t.Errorf("Cancel(unknown): %v; want ErrUnknownJob", err)
 	}
 
-	// Running, then retrying, then done.
+	// Running: the handler's context is cancelled with ErrCancelled, and
+	// the job ends cancelled although the handler then asked for a retry.
+	// Then a retrying job is cancelled out of the delayed set.
 	run := newJob("work")
 	if _, err := p.Enqueue(ctx, run); err != nil {
 		t.Fatal(err)
 	}
 	tracked[3] = run.ID
-	started, release := make(chan struct{}, 1), make(chan error)
+	started, causes := make(chan struct{}, 1), make(chan error, 1)
 	var handled atomic.Int32
 	h := consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 		handled.Add(1)
-		started <- struct{}{}
-		return <-release
+		if j.Type == "work" {
+			started <- struct{}{}
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+		}
+		return consumer.RetryAfter(time.Hour, errors.New("later"))
 	})
 	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: "c1", Block: 100 * time.Millisecond}).Handle(h)
 	done := make(chan error, 1)
@@ -104,32 +113,51 @@ func TestCancel_states(t *testing.T) {
 		<-done
 	}()
 	<-started
-	if _, err := control.Cancel(ctx, rdb, name, run.ID); !errors.Is(err, control.ErrJobRunning) {
-		t.Errorf("Cancel(running): %v; want ErrJobRunning", err)
+	if was, err := control.Cancel(ctx, rdb, name, run.ID); err != nil || was != stream.StateCancelling {
+		t.Fatalf("Cancel(running) = %q, %v; want cancelling", was, err)
 	}
-	release <- consumer.RetryAfter(time.Hour, errors.New("later"))
-	deadline := time.Now().Add(30 * time.Second)
-	for state(run.ID) != stream.StateRetrying {
-		if time.Now().After(deadline) {
-			t.Fatalf("job not retrying within 30s: %s", state(run.ID))
+	if info, err := control.Lookup(ctx, rdb, name, run.ID); err != nil ||
+		(info.State == stream.StateCancelling && (info.Consumer != "c1" || info.EntryID == "" || info.At.IsZero())) ||
+		(info.State != stream.StateCancelling && info.State != stream.StateCancelled) {
+		t.Errorf("Lookup(cancelling) = %+v, %v; want cancelling by c1 with entry and time, or cancelled", info, err)
+	}
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, consumer.ErrCancelled) {
+			t.Fatalf("handler's context cause = %v; want ErrCancelled", cause)
 		}
-		time.Sleep(10 * time.Millisecond)
+	case <-time.After(30 * time.Second):
+		t.Fatal("handler's context not cancelled within 30s of Cancel")
 	}
-	if was, err := control.Cancel(ctx, rdb, name, run.ID); err != nil || was != stream.StateRetrying {
+	poll.Until(t, 30*time.Second, func() (bool, string) { s := state(run.ID); return s == stream.StateCancelled, s })
+	if _, err := control.Cancel(ctx, rdb, name, run.ID); !errors.Is(err, control.ErrJobFinished) {
+		t.Errorf("Cancel(cancelled) = %v; want ErrJobFinished", err)
+	}
+	fail := newJob("fail")
+	if _, err := p.Enqueue(ctx, fail); err != nil {
+		t.Fatal(err)
+	}
+	tracked[4] = fail.ID
+	poll.Until(t, 30*time.Second, func() (bool, string) { s := state(fail.ID); return s == stream.StateRetrying, s })
+	if was, err := control.Cancel(ctx, rdb, name, fail.ID); err != nil || was != stream.StateRetrying {
 		t.Fatalf("Cancel(retrying) = %q, %v", was, err)
 	}
-	if n := rdb.ZCard(ctx, keys.Delayed).Val(); n != 1 || state(run.ID) != stream.StateCancelled {
-		t.Errorf("after cancel: delayed set holds %d (want only the other scheduled job), state %s", n, state(run.ID))
+	if n := rdb.ZCard(ctx, keys.Delayed).Val(); n != 1 || state(fail.ID) != stream.StateCancelled {
+		t.Errorf("after cancel: delayed set holds %d (want only the other scheduled job), state %s", n, state(fail.ID))
 	}
-	if n := handled.Load(); n != 1 {
-		t.Errorf("handler ran %d times; want once (cancelled jobs never run)", n)
+	if n := handled.Load(); n != 2 {
+		t.Errorf("handler ran %d times; want twice (once each; cancelled jobs never run again)", n)
+	}
+	if st := c.Stats(); st.Cancelled != 1 {
+		t.Errorf("Stats().Cancelled = %d; want 1", st.Cancelled)
 	}
 }
 
 // Cancel racing with a consumer: each of many tracked jobs ends in exactly
-// one final state: either Cancel succeeded, the handler never ran it and
-// Lookup says cancelled, or Cancel was refused (running or finished), the
-// handler ran it once and Lookup says done. Nothing is lost or doubled.
+// one final state, matching what ran: cancelled before it ran (never run),
+// or cancelling while it ran (its handler, which stops when its context is
+// cancelled, returned an error: cancelled; or completed first: done), or
+// refused as finished (done). Nothing is lost, doubled or retried.
 func TestCancel_raceWithConsumer(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Shared(t)
@@ -149,9 +177,18 @@ func TestCancel_raceWithConsumer(t *testing.T) {
 	})
 	var mu sync.Mutex
 	ran := make(map[string]int)
+	completed := make(map[string]bool) // the handler returned nil
 	h := consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 		mu.Lock()
 		ran[j.ID]++
+		mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(time.Duration(j.ID[len(j.ID)-1]%8) * 2 * time.Millisecond): // 0 to 14 ms
+		}
+		mu.Lock()
+		completed[j.ID] = true
 		mu.Unlock()
 		return nil
 	})
@@ -159,49 +196,56 @@ func TestCancel_raceWithConsumer(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, Track: true})
-	cancelled := make(map[string]bool)
+	was := make(map[string]string)
 	for i := range jobs {
 		jobs[i] = &stream.Job{Type: "work", Payload: []byte(`{}`)}
 		if _, err := p.Enqueue(ctx, jobs[i]); err != nil {
 			t.Fatal(err)
 		}
-		_, err := control.Cancel(ctx, rdb, name, jobs[i].ID)
+		w, err := control.Cancel(ctx, rdb, name, jobs[i].ID)
 		switch {
 		case err == nil:
-			cancelled[jobs[i].ID] = true
-		case errors.Is(err, control.ErrJobRunning), errors.Is(err, control.ErrJobFinished):
+			was[jobs[i].ID] = w
+		case errors.Is(err, control.ErrJobFinished):
+			was[jobs[i].ID] = "finished"
 		default:
 			t.Fatalf("Cancel: %v", err)
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	final := func(j *stream.Job) string {
+		info, err := control.Lookup(context.Background(), rdb, name, j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State
+	}
 	for _, j := range jobs {
-		want := stream.StateDone
-		if cancelled[j.ID] {
-			want = stream.StateCancelled
-		}
-		for {
-			info, err := control.Lookup(ctx, rdb, name, j.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if info.State == want {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("job %s: state %s; want %s", j.ID, info.State, want)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		poll.Until(t, 60*time.Second, func() (bool, string) {
+			s := final(j)
+			return s == stream.StateDone || s == stream.StateCancelled, s
+		})
 	}
 	cancel()
 	<-done
 	mu.Lock()
 	defer mu.Unlock()
+	count := make(map[string]int)
 	for _, j := range jobs {
-		if want := map[bool]int{true: 0, false: 1}[cancelled[j.ID]]; ran[j.ID] != want {
-			t.Errorf("job %s (cancelled %v) ran %d times; want %d", j.ID, cancelled[j.ID], ran[j.ID], want)
+		got, w := final(j), was[j.ID]
+		count[w+"→"+got]++
+		want := stream.StateCancelled
+		switch {
+		case w == "finished", completed[j.ID]:
+			want = stream.StateDone
+		}
+		if got != want || ran[j.ID] > 1 || (w != stream.StateCancelling && w != "finished" && ran[j.ID] != 0) || (w == "finished" && !completed[j.ID]) {
+			t.Errorf("job %s: Cancel said %q, handler ran %d times (completed %v), final state %s; want %s",
+				j.ID, w, ran[j.ID], completed[j.ID], got, want)
 		}
 	}
-	t.Logf("%d of %d jobs cancelled before they ran", len(cancelled), n)
+	settled := n - count[stream.StateWaiting+"→"+stream.StateCancelled] - count[stream.StateScheduled+"→"+stream.StateCancelled]
+	if st := c.Stats(); int(st.Cancelled+st.Acked) != settled || st.Retried != 0 || st.DeadLettered != 0 {
+		t.Errorf("Stats = %+v; want %d cancelled or acked, none retried or dead", st, settled)
+	}
+	t.Logf("Cancel's answer → final state: %v", count)
 }

@@ -19,7 +19,9 @@
 // Lookup says where a tracked job (stream.Job.Track) is now, from its
 // index record (stream.JobKey, rewritten by the scripts that change the
 // job's state) and the pending state of its entry; Cancel cancels a tracked
-// job that is scheduled, retrying or waiting, in one script (cancel.lua).
+// job that is scheduled, retrying or waiting, in one script (cancel.lua), and
+// for a running one records the request and publishes "cancel <entry ID>" on
+// the same channel, for the consumer that holds it (consumer.ErrCancelled).
 //
 // Control depends on package stream and go-redis only; package consumer
 // imports it to read the state.

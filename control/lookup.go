@@ -11,7 +11,7 @@ import (
 )
 
 // States that [Lookup] reports in [JobInfo].State: the index record's
-// (stream.StateWaiting ... stream.StateCancelled), and these two.
+// (stream.StateWaiting ... stream.StateCancelling), and these two.
 const (
 	// StateRunning: the job's entry is pending in a consumer group, a
 	// consumer holds it.
@@ -33,13 +33,16 @@ type JobInfo struct {
 	ID string
 	// State is one of stream.StateWaiting, stream.StateScheduled,
 	// stream.StateRetrying, stream.StateDead, stream.StateDone,
-	// stream.StateCancelled, [StateRunning] or [StateUnknown].
+	// stream.StateCancelled, stream.StateCancelling (running, its cancel
+	// requested: Group, Consumer, Idle and Deliveries say where),
+	// [StateRunning] or [StateUnknown].
 	State string
-	// EntryID is the stream entry of a waiting or running job.
+	// EntryID is the stream entry of a waiting, running or cancelling job.
 	EntryID string
 	// Due is when a scheduled or retrying job is due (Redis clock).
 	Due time.Time
-	// At is when a done, dead or cancelled job was finished (Redis clock).
+	// At is when a done, dead or cancelled job was finished, or when the
+	// cancel of a cancelling one was requested (Redis clock).
 	At time.Time
 	// Error is the last error of a retrying job, or "<reason>: <error>" of
 	// a dead-lettered one.
@@ -84,7 +87,7 @@ func Lookup(ctx context.Context, rdb redis.UniversalClient, streamName, jobID st
 		if err != nil {
 			return JobInfo{}, err
 		}
-		if info.State != stream.StateWaiting && info.State != StateRunning && info.State != StateUnknown {
+		if info.State != stream.StateWaiting && info.State != StateRunning && info.State != StateUnknown && info.State != stream.StateCancelling {
 			return info, nil // read from the record alone
 		}
 		again, err := rdb.Get(ctx, key).Result()
@@ -104,7 +107,7 @@ func derive(ctx context.Context, rdb redis.UniversalClient, streamName, jobID, v
 		return JobInfo{}, fmt.Errorf("control: job %s: %w", clip(jobID), err)
 	}
 	info := JobInfo{ID: jobID, State: r.State, EntryID: r.Entry, Due: r.Due, At: r.At, Error: r.Error, Result: r.Result}
-	if r.State != stream.StateWaiting {
+	if r.State != stream.StateWaiting && r.State != stream.StateCancelling {
 		return info, nil
 	}
 	groups, err := rdb.XInfoGroups(ctx, streamName).Result()
@@ -117,7 +120,10 @@ func derive(ctx context.Context, rdb redis.UniversalClient, streamName, jobID, v
 			return JobInfo{}, fmt.Errorf("control: look up job: %w", err)
 		}
 		if len(p) == 1 {
-			info.State, info.Group, info.Consumer, info.Idle, info.Deliveries = StateRunning, g.Name, p[0].Consumer, p[0].Idle, p[0].RetryCount
+			info.Group, info.Consumer, info.Idle, info.Deliveries = g.Name, p[0].Consumer, p[0].Idle, p[0].RetryCount
+			if r.State == stream.StateWaiting {
+				info.State = StateRunning
+			}
 			return info, nil
 		}
 	}

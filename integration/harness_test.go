@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/pelicanqueue/pelican/internal/poll"
 	"log/slog"
@@ -356,7 +357,11 @@ func workerMain() int {
 				select {
 				case <-t.C:
 				case <-ctx.Done():
-					record("cancelled", job)
+					if errors.Is(context.Cause(ctx), consumer.ErrCancelled) {
+						record("operator_cancel", job) // control.Cancel
+					} else {
+						record("cancelled", job)
+					}
 					return context.Cause(ctx)
 				}
 			}

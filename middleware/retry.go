@@ -141,7 +141,10 @@ func (p *retryPolicy) classifyOutcome(ctx context.Context, job *stream.Job, err 
 		o  *consumer.Outcome
 		pe *consumer.PanicError
 	)
-	if errors.As(err, &o) || errors.As(err, &pe) || consumer.Decide(ctx, job, err).Kind == consumer.KindAbandoned {
+	if errors.As(err, &o) || errors.As(err, &pe) {
+		return err
+	}
+	if k := consumer.Decide(ctx, job, err).Kind; k == consumer.KindAbandoned || k == consumer.KindCancelled {
 		return err
 	}
 	class, after := p.classify(job, err)

@@ -16,7 +16,10 @@ import (
 // the consumer's retry.lua "retrying" (or "waiting" for a retry without
 // delay), dead.lua "dead" and ack.lua "done", the last two with a time to
 // live. That a job is running is not written: it is its entry's pending
-// state, which control.Lookup reads. The record is the values of [Record]
+// state, which control.Lookup reads. control.Cancel of a running job
+// writes "cancelling" with the entry ID and the time of the request; the
+// consumer running it then writes "cancelled" (or "done" when its handler
+// completed anyway) with its acknowledgement. The record is the values of [Record]
 // in order (State, Entry, Due, At, Error, Result), each written as
 // "<byte length>:<bytes>".
 
@@ -28,6 +31,9 @@ const (
 	StateDead      = "dead"
 	StateDone      = "done"
 	StateCancelled = "cancelled"
+	// StateCancelling: control.Cancel asked the consumer that holds the
+	// job's entry (Record.Entry) to cancel it, at Record.At.
+	StateCancelling = "cancelling"
 )
 
 // MaxTrackedIDBytes is the longest ID of a tracked job ([Job].Track): a
@@ -60,11 +66,12 @@ func JobKey(keys Keys, id string) string {
 type Record struct {
 	// State is one of the State constants.
 	State string
-	// Entry is the stream entry ID of a waiting job.
+	// Entry is the stream entry ID of a waiting or cancelling job.
 	Entry string
 	// Due is when a scheduled or retrying job is due.
 	Due time.Time
-	// At is when the job was finished (done, dead, cancelled).
+	// At is when the job was finished (done, dead, cancelled), or when its
+	// cancel was requested (cancelling).
 	At time.Time
 	// Error is the last error of a retrying job, or the reason of a dead
 	// one ("reason: error").
@@ -89,7 +96,7 @@ func ParseRecord(v string) (Record, error) {
 		return Record{}, errors.New("stream: index record does not have 6 values")
 	}
 	switch f[0] {
-	case StateWaiting, StateScheduled, StateRetrying, StateDead, StateDone, StateCancelled:
+	case StateWaiting, StateScheduled, StateRetrying, StateDead, StateDone, StateCancelled, StateCancelling:
 	default:
 		return Record{}, errors.New("stream: index record holds a state Pelican does not write")
 	}

@@ -116,12 +116,15 @@ func clipText(s string, n int) string {
 func newCancelCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "cancel <stream> <job_id>",
-		Short: "Cancel a tracked job that is scheduled, retrying or waiting",
+		Short: "Cancel a tracked job, or ask the consumer running it to cancel it",
 		Long: `cancel removes a tracked job (enqueued with ProducerConfig.Track) that is
 scheduled or retrying from the delayed set, or one waiting in the stream from
-the stream, in one script; pelican job then says cancelled. A running job is
-refused (exit 1: not supported yet), a finished one exits 1, and an unknown
-one exits 4; none of them is changed.`,
+the stream, in one script; pelican job then says cancelled. For a running job
+it records the request and tells the consumer running it, which cancels the
+handler's context (cause consumer.ErrCancelled) within about a second; it
+prints "cancelling" and exits 0, and pelican job says cancelling, then
+cancelled (or done if the handler completed anyway). A finished job exits 1,
+and an unknown one exits 4; neither is changed.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, id := args[0], args[1]
@@ -139,6 +142,13 @@ one exits 4; none of them is changed.`,
 					return fail(exitNotFound, "%s: %w", s, err)
 				case err != nil:
 					return fail(exitError, "%s: %w", s, err)
+				}
+				if was == stream.StateCancelling {
+					if a.output == "json" {
+						return printJSON(a, map[string]string{"id": id, "state": stream.StateCancelling, "was": control.StateRunning})
+					}
+					fmt.Fprintf(a.out, "cancelling job %s: it is running; the consumer running it was told to cancel it (pelican job says when it has)\n", strconv.Quote(clipText(id, 200)))
+					return nil
 				}
 				if a.output == "json" {
 					return printJSON(a, map[string]string{"id": id, "state": stream.StateCancelled, "was": was})

@@ -47,6 +47,8 @@ const (
 	// OutcomeAbandoned: the consumer took the job back (shutdown past its
 	// drain deadline, or lease lost); it stays pending for another consumer.
 	OutcomeAbandoned = string(consumer.KindAbandoned)
+	// OutcomeCancelled: an operator cancelled the job (control.Cancel).
+	OutcomeCancelled = string(consumer.KindCancelled)
 )
 
 // Config configures [New].
@@ -99,11 +101,11 @@ type seriesKey struct{ stream, typ string }
 
 // series holds the children of one (stream, type), resolved once.
 type series struct {
-	stream, typ                     string
-	ack, retry, snooze, dead, aband prometheus.Counter
-	retries, idemHits, locksLost    prometheus.Counter
-	inFlight                        prometheus.Gauge
-	duration, wait, latency         prometheus.Observer
+	stream, typ                             string
+	ack, retry, snooze, dead, aband, cancel prometheus.Counter
+	retries, idemHits, locksLost            prometheus.Counter
+	inFlight                                prometheus.Gauge
+	duration, wait, latency                 prometheus.Observer
 }
 
 // New returns a Metrics whose collectors are registered with reg. It panics
@@ -140,7 +142,7 @@ func New(reg prometheus.Registerer, cfg Config) *Metrics {
 		cfg:   cfg,
 		types: make(map[string]struct{}),
 		processed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "jobs_processed_total",
-			Help: "Jobs that went through the handler chain, by the chain's outcome (ack, retry, snooze, dead_letter, abandoned)."},
+			Help: "Jobs that went through the handler chain, by the chain's outcome (ack, retry, snooze, dead_letter, abandoned, cancelled)."},
 			[]string{"stream", "type", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "job_duration_seconds",
 			Help: "Time jobs spent in the handler chain.", Buckets: cfg.Buckets}, st),
@@ -196,6 +198,7 @@ func (m *Metrics) seriesOf(streamName, typ string) *series {
 		stream: streamName, typ: typ,
 		ack: p(OutcomeAck), retry: p(OutcomeRetry), snooze: p(OutcomeSnooze), dead: p(OutcomeDeadLetter),
 		aband:     p(OutcomeAbandoned),
+		cancel:    p(OutcomeCancelled),
 		retries:   m.retries.WithLabelValues(streamName, typ),
 		idemHits:  m.idemHits.WithLabelValues(streamName, typ),
 		locksLost: m.locksLost.WithLabelValues(streamName, typ),
@@ -263,6 +266,8 @@ func (m *Metrics) count(s *series, job *stream.Job, d consumer.Decision, end tim
 	case consumer.KindDead:
 		s.dead.Inc()
 		m.deadLetters.WithLabelValues(s.stream, s.typ, d.Reason).Inc()
+	case consumer.KindCancelled:
+		s.cancel.Inc()
 	default:
 		s.aband.Inc()
 	}

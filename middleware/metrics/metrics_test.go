@@ -38,6 +38,8 @@ func TestMetrics_Middleware(t *testing.T) {
 	cancelShutdown(consumer.ErrShutdown)
 	leaseLost, cancelLease := context.WithCancelCause(context.Background())
 	cancelLease(consumer.ErrLeaseLost)
+	cancelled, cancelOp := context.WithCancelCause(context.Background())
+	cancelOp(consumer.ErrCancelled)
 	tests := []struct {
 		name            string
 		ctx             context.Context
@@ -61,6 +63,8 @@ func TestMetrics_Middleware(t *testing.T) {
 		{name: "shutdown nil", ctx: shutdown, err: nil, outcome: "ack"},
 		{name: "lease lost nil", ctx: leaseLost, err: nil, outcome: "abandoned"},
 		{name: "lease lost error", ctx: leaseLost, err: errBoom, outcome: "abandoned"},
+		{name: "cancelled error", ctx: cancelled, err: errBoom, outcome: "cancelled"},
+		{name: "cancelled nil", ctx: cancelled, err: nil, outcome: "ack"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -77,8 +81,8 @@ func TestMetrics_Middleware(t *testing.T) {
 				t.Fatalf("Process returned %v, want the handler's error %v", err, tt.err)
 			}
 			var want strings.Builder
-			want.WriteString("# HELP pelican_jobs_processed_total Jobs that went through the handler chain, by the chain's outcome (ack, retry, snooze, dead_letter, abandoned).\n# TYPE pelican_jobs_processed_total counter\n")
-			for _, o := range []string{"abandoned", "ack", "dead_letter", "retry", "snooze"} {
+			want.WriteString("# HELP pelican_jobs_processed_total Jobs that went through the handler chain, by the chain's outcome (ack, retry, snooze, dead_letter, abandoned, cancelled).\n# TYPE pelican_jobs_processed_total counter\n")
+			for _, o := range []string{"abandoned", "ack", "cancelled", "dead_letter", "retry", "snooze"} {
 				v := 0
 				if o == tt.outcome {
 					v = 1

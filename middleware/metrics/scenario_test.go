@@ -179,7 +179,7 @@ func TestMetrics_Scenario(t *testing.T) {
 	st := func(typ string) string { return fmt.Sprintf("stream=%q,type=%q", name, typ) }
 	processed := map[string]float64{}
 	for _, typ := range []string{"ok", "flaky", "permanent", "exhausting", "locked", "idem", "lost"} {
-		for _, o := range []string{"abandoned", "ack", "dead_letter", "retry", "snooze"} {
+		for _, o := range []string{"abandoned", "ack", "cancelled", "dead_letter", "retry", "snooze"} {
 			processed[fmt.Sprintf("outcome=%q,%s", o, st(typ))] = 0
 		}
 	}
@@ -206,7 +206,7 @@ func TestMetrics_Scenario(t *testing.T) {
 		return out
 	}
 	want := expected("pelican_jobs_processed_total",
-		"Jobs that went through the handler chain, by the chain's outcome (ack, retry, snooze, dead_letter, abandoned).", processed) +
+		"Jobs that went through the handler chain, by the chain's outcome (ack, retry, snooze, dead_letter, abandoned, cancelled).", processed) +
 		expected("pelican_retries_total", "Jobs scheduled for another attempt.",
 			perType(map[string]float64{"flaky": 2, "exhausting": 1, "lost": 1})) +
 		expected("pelican_dead_letters_total", "Jobs dead-lettered by the handler chain, by reason.", map[string]float64{
