@@ -13,11 +13,13 @@
 -- ARGV[2]  dead-letter entry ID
 -- ARGV[3]  cursor TTL in milliseconds
 -- ARGV[4]  optional: the index in KEYS of the job's index record ("0": none)
+-- ARGV[5]  optional: "1" when the caller decoded the entry and found more job
+--          fields than stream.MaxFields (it then stays dead: -2)
 -- Returns  the new source entry ID; 0 when the entry is no longer in the
 --          dead-letter stream (moved or purged before: only the cursor is
---          written); -2 when the entry has more than 1100 job fields, so that
---          its copy would be malformed (and more values than one Lua call can
---          pass): it stays dead, only the cursor moves past it; -3 when
+--          written); -2 when the entry has more job fields than
+--          stream.MaxFields (ARGV[5], or over 1100 fields, more values than
+--          one Lua call can pass), so that its copy would be malformed: it stays dead, only the cursor moves past it; -3 when
 --          the marker exists and names another job (a job with the same
 --          idempotency key was enqueued once since: replaying this one would
 --          add the key's job twice within its window): it stays dead, only
@@ -63,7 +65,7 @@ for i = 1, #src - 1, 2 do
     f[#f + 1] = v
   end
 end
-if #f > 2200 then
+if #f > 2200 or ARGV[5] == '1' then
   redis.call('HSET', KEYS[4], 'last', ARGV[2])
   redis.call('PEXPIRE', KEYS[4], ARGV[3])
   return -2

@@ -327,8 +327,12 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 // second call.
 func (d *DLQ) move(ctx context.Context, keys []string, token string, e *Entry) (any, error) {
 	ttl := d.cfg.CursorTTL.Milliseconds()
+	over := "0" // the entry decoded with more fields than stream.MaxFields: it stays dead
+	if de, ok := e.DecodeErr.(*stream.DecodeError); ok && de.Fields > 0 {
+		over = "1"
+	}
 	if v, _ := e.Value(stream.FieldTrack); v != "1" {
-		return moveScript.Run(ctx, d.rdb, keys, token, e.ID, ttl).Result()
+		return moveScript.Run(ctx, d.rdb, keys, token, e.ID, ttl, 0, over).Result()
 	}
 	sk, err := stream.KeysFor(d.source)
 	if err != nil {
@@ -343,7 +347,7 @@ func (d *DLQ) move(ctx context.Context, keys []string, token string, e *Entry) (
 	}
 	record := stream.JobKey(sk, id)
 	for range 2 {
-		v, err := moveScript.Run(ctx, d.rdb, append(slices.Clip(keys), record), token, e.ID, ttl, len(keys)+1).Result()
+		v, err := moveScript.Run(ctx, d.rdb, append(slices.Clip(keys), record), token, e.ID, ttl, len(keys)+1, over).Result()
 		want, ok := v.([]any)
 		if err != nil || !ok {
 			return v, err

@@ -38,6 +38,9 @@ type DecodeError struct {
 	// Size is the entry's size in bytes (field names and values) when it is
 	// over the size limit, and 0 otherwise.
 	Size int
+	// Fields is nonzero when the entry has more than [MaxFields] fields
+	// besides the wire format's own: the number of fields counted.
+	Fields int
 }
 
 // Error implements error.
@@ -149,7 +152,7 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 		return fail("", "entry has no fields (an empty or trimmed entry)")
 	}
 	if len(fields) > MaxFields+ownFields {
-		return fail("", "entry has %d fields, over the limit of %d besides the format's own", len(fields), MaxFields)
+		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has %d fields, over the limit of %d besides the format's own", len(fields), MaxFields), Fields: len(fields)}
 	}
 	j := &Job{EntryID: id}
 	// Every field is looked at before an error is returned, so that the
@@ -243,7 +246,7 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 		return nil, err
 	}
 	if n := len(j.Headers) + len(j.Extra); n > MaxFields {
-		return fail("", "entry has %d fields, over the limit of %d besides the format's own", n, MaxFields)
+		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has %d fields, over the limit of %d besides the format's own", n, MaxFields), Fields: n}
 	}
 	if bad != nil {
 		return nil, bad
