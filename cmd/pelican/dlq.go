@@ -239,18 +239,18 @@ type entryJSON struct {
 	// partitioned queue (--partitions).
 	Partition        *int        `json:"partition,omitempty"`
 	DeadLetterStream string      `json:"dead_letter_stream,omitempty"`
-	DeadAt        time.Time   `json:"dead_at"`
-	Reason        string      `json:"reason"`
-	Type          string      `json:"type"`
-	Attempts      int         `json:"attempts"`
-	Error         string      `json:"error"`
-	Consumer      string      `json:"consumer,omitempty"`
-	SourceEntryID string      `json:"source_entry_id,omitempty"`
-	SourceStream  string      `json:"source_stream,omitempty"`
-	JobID         string      `json:"job_id,omitempty"`
-	Fields        []fieldJSON `json:"fields,omitempty"`
-	Job           *jobJSON    `json:"job,omitempty"`
-	DecodeError   string      `json:"decode_error,omitempty"`
+	DeadAt           time.Time   `json:"dead_at"`
+	Reason           string      `json:"reason"`
+	Type             string      `json:"type"`
+	Attempts         int         `json:"attempts"`
+	Error            string      `json:"error"`
+	Consumer         string      `json:"consumer,omitempty"`
+	SourceEntryID    string      `json:"source_entry_id,omitempty"`
+	SourceStream     string      `json:"source_stream,omitempty"`
+	JobID            string      `json:"job_id,omitempty"`
+	Fields           []fieldJSON `json:"fields,omitempty"`
+	Job              *jobJSON    `json:"job,omitempty"`
+	DecodeError      string      `json:"decode_error,omitempty"`
 }
 
 // fieldJSON is one raw field; Encoding is "text" or "hex".
