@@ -235,7 +235,7 @@ func (d *Dashboard) pause(w http.ResponseWriter, r *http.Request) {
 			until = "for " + fmtDuration(dur)
 		}
 		d.confirm(w, r, confirmData{Action: "pause", Title: "Pause", Count: len(ss), Button: "Pause",
-			What: "Pause " + what + onStreams(ss) + ", " + until + "? Consumers stop starting such jobs within about a second; running jobs finish.",
+			What:   "Pause " + what + onStreams(ss) + ", " + until + "? Consumers stop starting such jobs within about a second; running jobs finish.",
 			Target: back + "/pause", Hidden: url.Values{"type": {typ}, "for": {forS}}, Back: back})
 		return
 	}
