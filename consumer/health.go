@@ -45,6 +45,13 @@ type Health struct {
 	InFlight int `json:"in_flight"`
 	// ReadErrors counts the failed reads, as Stats.ReadErrors.
 	ReadErrors uint64 `json:"read_errors"`
+	// Paused reports that the whole queue is paused and PausedTypes lists
+	// the job types paused (package control), as the consumer last read its
+	// pauses; Held is the number of jobs it holds because of them, read but
+	// not started, as Stats.Held. A paused consumer is still Ready.
+	Paused      bool     `json:"paused"`
+	PausedTypes []string `json:"paused_types,omitempty"`
+	Held        uint64   `json:"held"`
 }
 
 // healthState is what the consumer's loops report for [Consumer.Health].
@@ -155,9 +162,11 @@ func (c *Consumer) Health() Health {
 		LastLeaseLost: c.stats.leaseLost.last(),
 		LeaseLost:     st.LeaseLost,
 		ReadErrors:    st.ReadErrors,
+		Held:          st.Held,
 		Draining:      c.health.draining.Load(),
 		Live:          true,
 	}
+	h.Paused, h.PausedTypes = c.pause.paused()
 	_, h.LastRead = c.health.read.stuckSince()
 	if !c.started.Load() {
 		h.Problem = "not running: Run has not been called"

@@ -31,8 +31,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pelicanqueue/pelican/control"
@@ -53,6 +55,7 @@ type pauses struct {
 	types    map[string]time.Time // paused type → end (zero: until resumed)
 	changed  chan struct{}        // closed at each re-read
 	quit     chan struct{}        // closed when the consumer stops taking jobs
+	held     atomic.Int64         // jobs waiting in wait (Stats.Held)
 	// errLog is the pauses' own rate limit of error logs, so that their
 	// failures do not hide the read loop's (nor the other way round).
 	errLog rateLog
@@ -124,6 +127,22 @@ func (p *pauses) nextEnd() time.Time {
 	return next
 }
 
+// paused returns what is paused now, as the consumer last read it: the
+// whole queue, and the paused job types (sorted; nil if none).
+func (p *pauses) paused() (queue bool, types []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	queue = p.queue && active(p.queueEnd, now)
+	for t, end := range p.types {
+		if active(end, now) {
+			types = append(types, t)
+		}
+	}
+	slices.Sort(types)
+	return queue, types
+}
+
 func (p *pauses) stopped() bool {
 	select {
 	case <-p.quit:
@@ -156,6 +175,12 @@ const (
 // wait waits while the jobs of type typ are paused (whole: while the whole
 // queue is), until the consumer stops or done is closed.
 func (p *pauses) wait(typ string, whole bool, done <-chan struct{}) holdResult {
+	counted := false
+	defer func() {
+		if counted {
+			p.held.Add(-1)
+		}
+	}()
 	for {
 		if p.stopped() {
 			return stopping
@@ -163,6 +188,10 @@ func (p *pauses) wait(typ string, whole bool, done <-chan struct{}) holdResult {
 		paused, end, changed := p.state(typ, whole)
 		if !paused {
 			return resumed
+		}
+		if !whole && !counted { // a job held (whole: the reader)
+			counted = true
+			p.held.Add(1)
 		}
 		var timer *time.Timer
 		var timeout <-chan time.Time

@@ -45,6 +45,10 @@ type Stats struct {
 	// DeadTrimmed is the number of dead-letter entries removed because the
 	// dead-letter stream was over Config.DeadLetterMaxLen.
 	DeadTrimmed uint64
+	// Held is not a counter: the number of jobs held now because their
+	// queue or type is paused (package control), parked or holding a worker
+	// slot, read but not started.
+	Held uint64
 }
 
 type counters struct {
@@ -63,6 +67,7 @@ func (c *Consumer) Stats() Stats {
 		DeadLettered: s.dead.Load(),
 		Reclaimed:    s.reclaimed.Load(), Lost: s.lost.Load(), Stale: s.stale.Load(),
 		LeaseLost: s.leaseLost.Load(), ReadErrors: s.readErrors.Load(), DeadTrimmed: s.deadTrimmed.Load(),
+		Held: uint64(max(c.pause.held.Load(), 0)),
 	}
 }
 

@@ -20,7 +20,8 @@ import (
 // says how many jobs; the second carries confirm=<that count> and acts.
 
 type confirmData struct {
-	Action  string // replay, purge, delete, run
+	Action  string // replay, purge, delete, run, pause, resume
+	Button  string // the button's text, when not "<action> <count> job(s)"
 	Title   string
 	What    string // the sentence stating how many jobs
 	Count   int
@@ -46,11 +47,11 @@ func (d *Dashboard) redirect(w http.ResponseWriter, r *http.Request, path string
 }
 
 func (d *Dashboard) replay(w http.ResponseWriter, r *http.Request) {
-	q, _, ok := d.deadQueue(w, r)
+	t, ok := d.deadQueue(w, r)
 	if !ok {
 		return
 	}
-	ff, f, err := readFilter(r.PostForm)
+	ff, f, q, err := t.filter(r.PostForm)
 	if err != nil {
 		d.fail(w, r, http.StatusBadRequest, "bad filter: "+err.Error(), nil)
 		return
@@ -62,7 +63,7 @@ func (d *Dashboard) replay(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	back := link(basePath(r), "queues", q.Source(), "dead")
+	back := link(basePath(r), "queues", t.name, "dead")
 	n, yes := confirmed(r)
 	if !yes {
 		dry, err := q.Replay(r.Context(), f, dlq.ReplayOptions{DryRun: true})
@@ -70,8 +71,11 @@ func (d *Dashboard) replay(w http.ResponseWriter, r *http.Request) {
 			d.fail(w, r, http.StatusBadGateway, "cannot count the dead letters", err)
 			return
 		}
-		what := "Replay " + fmtInt(int64(dry.Replayed)) + " job(s) (" + ff.Describe() + ") back to stream " +
-			strconv.Quote(q.Source()) + " at " + fmtRate(rate) + "?"
+		to := "stream " + strconv.Quote(t.name)
+		if t.part != nil {
+			to = "the partitions of queue " + strconv.Quote(t.name) + " they died in"
+		}
+		what := "Replay " + fmtInt(int64(dry.Replayed)) + " job(s) (" + ff.Describe() + ") back to " + to + " at " + fmtRate(rate) + "?"
 		if dry.Resumed {
 			what += " This continues an interrupted replay with the same filter."
 		}
@@ -85,7 +89,7 @@ func (d *Dashboard) replay(w http.ResponseWriter, r *http.Request) {
 		d.redirect(w, r, back, url.Values{"done": {"gone"}})
 		return
 	}
-	if err := d.replays.start(d, q, f, ff, rate, n); err != nil {
+	if err := d.replays.start(d, t.name, q, f, ff, rate, n); err != nil {
 		d.fail(w, r, http.StatusConflict, "cannot start the replay", err)
 		return
 	}
@@ -95,16 +99,16 @@ func (d *Dashboard) replay(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Dashboard) purge(w http.ResponseWriter, r *http.Request) {
-	q, _, ok := d.deadQueue(w, r)
+	t, ok := d.deadQueue(w, r)
 	if !ok {
 		return
 	}
-	ff, f, err := readFilter(r.PostForm)
+	ff, f, q, err := t.filter(r.PostForm)
 	if err != nil {
 		d.fail(w, r, http.StatusBadRequest, "bad filter: "+err.Error(), nil)
 		return
 	}
-	back := link(basePath(r), "queues", q.Source(), "dead")
+	back := link(basePath(r), "queues", t.name, "dead")
 	count, err := q.Purge(r.Context(), f, dlq.PurgeOptions{DryRun: true})
 	if err != nil {
 		d.fail(w, r, http.StatusBadGateway, "cannot count the dead letters", err)
@@ -126,16 +130,17 @@ func (d *Dashboard) purge(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Dashboard) deleteOne(w http.ResponseWriter, r *http.Request) {
-	q, _, ok := d.deadQueue(w, r)
+	t, ok := d.deadQueue(w, r)
 	if !ok {
 		return
 	}
-	id := r.PathValue("id")
-	if _, err := stream.ParseID(id); err != nil {
+	ref := r.PathValue("id")
+	q, id, err := t.one(ref)
+	if err != nil {
 		d.fail(w, r, http.StatusNotFound, "not an entry ID", nil)
 		return
 	}
-	back := link(basePath(r), "queues", q.Source(), "dead")
+	back := link(basePath(r), "queues", t.name, "dead")
 	f := dlq.Filter{IDs: []string{id}}
 	if _, yes := confirmed(r); !yes {
 		count, err := q.Purge(r.Context(), f, dlq.PurgeOptions{DryRun: true})
@@ -144,8 +149,8 @@ func (d *Dashboard) deleteOne(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		d.confirm(w, r, confirmData{Action: "delete", Title: "Delete a dead letter", Count: count,
-			What:   "Delete " + strconv.Itoa(count) + " dead letter (" + id + ") for good?",
-			Target: back + "/" + url.PathEscape(id) + "/delete", Back: back + "/" + url.PathEscape(id)})
+			What:   "Delete " + strconv.Itoa(count) + " dead letter (" + ref + ") for good?",
+			Target: back + "/" + url.PathEscape(ref) + "/delete", Back: back + "/" + url.PathEscape(ref)})
 		return
 	}
 	n, err := q.Purge(context.WithoutCancel(r.Context()), f, dlq.PurgeOptions{})
@@ -216,7 +221,8 @@ func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request, c confirmDat
 }
 
 // replays are the replays this dashboard runs, one per queue at most (and
-// one per dead-letter stream across processes: the dlq package's lease).
+// one per dead-letter stream across processes: the dlq package's lease,
+// every partition's for a partitioned queue).
 type replays struct {
 	mu sync.Mutex
 	by map[string]*replayView
@@ -251,18 +257,19 @@ func (rs *replays) view(source string) *replayView {
 // queue.
 var errReplayRunning = errors.New("a replay of this queue started here is still running")
 
-// start runs a replay of at most limit jobs in the background.
-func (rs *replays) start(d *Dashboard, q *dlq.DLQ, f dlq.Filter, ff filterForm, rate float64, limit int) error {
+// start runs a replay of at most limit jobs of q, the dead letters of
+// queue name (or some of them: one partition's), in the background.
+func (rs *replays) start(d *Dashboard, name string, q deadLetters, f dlq.Filter, ff filterForm, rate float64, limit int) error {
 	if d.ctx.Err() != nil {
 		return errors.New("the dashboard is closed")
 	}
 	rs.mu.Lock()
-	if v, ok := rs.by[q.Source()]; ok && v.Running {
+	if v, ok := rs.by[name]; ok && v.Running {
 		rs.mu.Unlock()
 		return errReplayRunning
 	}
 	v := &replayView{Filter: ff.Describe(), Rate: rate, Total: limit, Started: time.Now(), Running: true}
-	rs.by[q.Source()] = v
+	rs.by[name] = v
 	rs.mu.Unlock()
 	d.wg.Add(1)
 	go func() {
@@ -282,7 +289,7 @@ func (rs *replays) start(d *Dashboard, q *dlq.DLQ, f dlq.Filter, ff filterForm, 
 			v.Err = "stopped: the dashboard was closed; replay again with the same filter to continue"
 		case err != nil:
 			v.Err = err.Error()
-			d.log.Warn("dashboard: replay failed", "stream", q.Source(), "error", err)
+			d.log.Warn("dashboard: replay failed", "stream", name, "error", err)
 		}
 	}()
 	return nil

@@ -33,9 +33,9 @@ func TestAttack11_RunNowTouchesOne(t *testing.T) {
 	before, _ := rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
 	b := newA11(t, rdb, dashboard.Config{Streams: []string{s}})
 	_, page := b.get("/queues/" + s)
-	forms := regexp.MustCompile(`(?s)<form[^>]*method="post"[^>]*action="([^"]+)"[^>]*>(.*?)</form>`).FindAllStringSubmatch(page, -1)
+	forms := regexp.MustCompile(`(?s)<form[^>]*method="post"[^>]*action="([^"]+/delayed/run)"[^>]*>(.*?)</form>`).FindAllStringSubmatch(page, -1)
 	if len(forms) != 5 {
-		t.Fatalf("queue page has %d POST forms for 5 delayed jobs:\n%s", len(forms), page)
+		t.Fatalf("queue page has %d run-now forms for 5 delayed jobs:\n%s", len(forms), page)
 	}
 	action := forms[2][1]
 	v := url.Values{}

@@ -17,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/control"
 	"github.com/pelicanqueue/pelican/dashboard"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -247,5 +248,39 @@ func TestBrowser_replayFromTheDeadLetterPage(t *testing.T) {
 	}
 	if n := dialogs.Load(); n != 0 {
 		t.Errorf("%d JavaScript dialog(s) opened: a hostile field ran as script", n)
+	}
+}
+
+// TestBrowser_pauseAndResume pauses a job type from the queue page for ten
+// minutes, through the confirmation, in Chromium, checks the pause in Redis
+// and on the page, and resumes it with its button.
+func TestBrowser_pauseAndResume(t *testing.T) {
+	t.Parallel()
+	ctx, _ := browser(t)
+	b := setup(t, dashboard.Config{})
+	t.Cleanup(func() { b.rdb.Del(context.Background(), b.keys.Paused) })
+	b.enqueue("invoice.send", 1)
+	qp := b.url("/queues/" + b.q())
+
+	step(t, ctx, "ask to pause a type", chromedp.Navigate(qp), chromedp.WaitVisible("#pause-form"),
+		chromedp.SendKeys(`#pause-form input[name="type"]`, "invoice.send"),
+		chromedp.SendKeys(`#pause-form input[name="for"]`, "10m"),
+		chromedp.Click("#pause-btn"), chromedp.WaitVisible("#question"))
+	if q := text(t, ctx, "#question"); !strings.Contains(q, `type "invoice.send"`) || !strings.Contains(q, "for 10m") {
+		t.Fatalf("confirmation says %q", q)
+	}
+	step(t, ctx, "confirm the pause", chromedp.Click("#confirm-btn"), chromedp.WaitVisible("#pauses"))
+	st, err := control.State(context.Background(), b.rdb, b.stream)
+	if until, ok := st.Types["invoice.send"]; err != nil || !ok || until.IsZero() || st.Queue {
+		t.Fatalf("after the pause: %+v, %v", st, err)
+	}
+	if s := text(t, ctx, "#pauses"); !strings.Contains(s, "type invoice.send") {
+		t.Errorf("pauses table says %q", s)
+	}
+	screenshot(t, ctx, "queue-paused.png")
+	step(t, ctx, "ask to resume", chromedp.Click(".resume-btn"), chromedp.WaitVisible("#question"))
+	step(t, ctx, "confirm the resume", chromedp.Click("#confirm-btn"), chromedp.WaitVisible("#no-pauses"))
+	if st, _ := control.State(context.Background(), b.rdb, b.stream); st.Any() {
+		t.Errorf("after the resume: %+v", st)
 	}
 }

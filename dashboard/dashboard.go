@@ -63,6 +63,16 @@ type Config struct {
 	// payload a page shows; longer ones are cut and marked. Defaults to
 	// [DefaultMaxValueBytes].
 	MaxValueBytes int
+	// Partitions names the partitioned queues (stream.Partitions) to show,
+	// each as one queue: queue name to partition count, as
+	// metrics.PartitionedQueue and pelican's --partitions take them. The
+	// overview has one row per queue (its figures summed over its
+	// partitions), the queue page a per-partition breakdown, and the
+	// dead-letter page lists and operates the dead letters of every
+	// partition as one (dlq.Partitioned). They are shown besides
+	// Config.Streams, or the streams SCAN finds (their partition streams
+	// then left out). Defaults to none.
+	Partitions map[string]int
 	// PageSize is how many dead letters, stuck, delayed and recent jobs a
 	// page lists. Defaults to [DefaultPageSize].
 	PageSize int
@@ -115,6 +125,9 @@ func (c Config) Validate() error {
 			return errors.New("dashboard: Config.Streams holds an empty name")
 		}
 	}
+	if err := validPartitions(c.Partitions); err != nil {
+		return err
+	}
 	if c.TraceURL != "" {
 		u, err := url.Parse(strings.ReplaceAll(c.TraceURL, "{trace_id}", "0"))
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -140,6 +153,9 @@ type Dashboard struct {
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 	cop   *http.CrossOriginProtection
+
+	parts  map[string][]string // Config.Partitions' streams
+	partOf map[string]bool     // every partition stream of parts
 
 	streamsMu sync.Mutex
 	streams   []string
@@ -187,6 +203,15 @@ func New(rdb redis.UniversalClient, cfg Config) (*Dashboard, error) {
 	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	var err error
+	if d.parts, err = partitionNames(cfg.Partitions); err != nil {
+		return nil, err
+	}
+	d.partOf = map[string]bool{}
+	for _, ss := range d.parts {
+		for _, s := range ss {
+			d.partOf[s] = true
+		}
+	}
 	if d.pages, err = parseTemplates(); err != nil {
 		return nil, err
 	}
@@ -213,6 +238,8 @@ func (d *Dashboard) routes() {
 	m.HandleFunc("POST /queues/{queue}/dead/purge", d.post(d.purge))
 	m.HandleFunc("POST /queues/{queue}/dead/{id}/delete", d.post(d.deleteOne))
 	m.HandleFunc("POST /queues/{queue}/delayed/run", d.post(d.runNow))
+	m.HandleFunc("POST /queues/{queue}/pause", d.post(d.pause))
+	m.HandleFunc("POST /queues/{queue}/resume", d.post(d.resume))
 	assets, _ := fs.Sub(assetFS, "assets")
 	m.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServerFS(assets)))
 	d.mux = m

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/pelicanqueue/pelican/dlq"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -18,7 +21,8 @@ import (
 // or POST fields): type, reason, since, until, error.
 type filterForm struct {
 	Type, Reason, Since, Until, Error string
-	// ID selects one dead letter (the job view's replay).
+	// ID selects one dead letter (the job view's replay): its ID, or its
+	// position <ID>@<partition> in a partitioned queue (deadTarget.one).
 	ID string
 }
 
@@ -49,12 +53,6 @@ func readFilter(v url.Values) (filterForm, dlq.Filter, error) {
 	ff := filterForm{Type: v.Get("type"), Reason: v.Get("reason"), Since: v.Get("since"), Until: v.Get("until"), Error: v.Get("error"), ID: v.Get("id")}
 	f := dlq.Filter{Types: splitList(ff.Type), Reasons: splitList(ff.Reason), ErrorContains: ff.Error}
 	var err error
-	if ff.ID != "" {
-		if _, err := stream.ParseID(ff.ID); err != nil {
-			return ff, f, fmt.Errorf("id: %w", err)
-		}
-		f.IDs = []string{ff.ID}
-	}
 	if ff.Since != "" {
 		if f.Since, err = parseTime("since", ff.Since); err != nil {
 			return ff, f, err
@@ -104,6 +102,8 @@ func (ff filterForm) Describe() string {
 
 type deadRow struct {
 	ID, Type, JobID, Reason, Error string
+	Ref                            string // the entry in URLs (see deadTarget.ref)
+	Partition                      int    // -1 for a stream
 	DeadAt                         time.Time
 	Attempts                       int
 }
@@ -121,35 +121,134 @@ type deadData struct {
 	Replay     *replayView
 	Message    string
 	ReplayRate float64
+	Partitions int // partition count of a partitioned queue
 }
 
-// deadQueue returns the DLQ of the request's queue, or writes 404 when
-// neither the stream nor its dead-letter stream exists.
-func (d *Dashboard) deadQueue(w http.ResponseWriter, r *http.Request) (*dlq.DLQ, int64, bool) {
-	name := r.PathValue("queue")
-	q, err := dlq.New(d.rdb, name, dlq.Config{})
+// deadLetters are the dead-letter operations the pages use: those of a
+// stream (*dlq.DLQ) or of a partitioned queue (*dlq.Partitioned).
+type deadLetters interface {
+	List(ctx context.Context, f dlq.Filter, limit int, after string) ([]dlq.Entry, string, error)
+	Get(ctx context.Context, id string) (dlq.Entry, error)
+	Replay(ctx context.Context, f dlq.Filter, o dlq.ReplayOptions) (dlq.ReplayResult, error)
+	Purge(ctx context.Context, f dlq.Filter, o dlq.PurgeOptions) (int, error)
+}
+
+// deadTarget is the dead letters of the request's queue.
+type deadTarget struct {
+	name  string      // the queue
+	where string      // the dead-letter stream(s), in words
+	all   deadLetters // every dead letter of the queue
+	part  *dlq.Partitioned
+	total int64
+}
+
+// ref returns how URLs name e: its ID, or for a partitioned queue its
+// position <ID>@<partition> (IDs repeat across partitions).
+func (t *deadTarget) ref(e dlq.Entry) (ref string, part int) {
+	if t.part == nil {
+		return e.ID, -1
+	}
+	for i, d := range t.part.Partitions() {
+		if d.Stream() == e.Stream {
+			return dlq.Position(e.ID, i), i
+		}
+	}
+	return e.ID, -1
+}
+
+// one returns the dead letters that hold the entry ref names (see ref)
+// and its ID.
+func (t *deadTarget) one(ref string) (deadLetters, string, error) {
+	if t.part == nil {
+		_, err := stream.ParseID(ref)
+		return t.all, ref, err
+	}
+	id, i, err := dlq.ParsePosition(ref)
 	if err != nil {
-		d.fail(w, r, http.StatusNotFound, "not a queue name", err)
-		return nil, 0, false
+		return nil, "", err
+	}
+	ps := t.part.Partitions()
+	if i >= len(ps) {
+		return nil, "", fmt.Errorf("position %q: partition %d of a queue of %d", ref, i, len(ps))
+	}
+	return ps[i], id, nil
+}
+
+// filter reads the filter of v: with an id (one entry), it applies to the
+// dead letters that hold it only.
+func (t *deadTarget) filter(v url.Values) (filterForm, dlq.Filter, deadLetters, error) {
+	ff, f, err := readFilter(v)
+	if err != nil || ff.ID == "" {
+		return ff, f, t.all, err
+	}
+	dl, id, err := t.one(ff.ID)
+	if err != nil {
+		return ff, f, nil, fmt.Errorf("id: %w", err)
+	}
+	f.IDs = []string{id}
+	return ff, f, dl, nil
+}
+
+// checkAfter reports whether after is a List cursor of the target.
+func (t *deadTarget) checkAfter(after string) error {
+	if t.part == nil {
+		_, err := stream.ParseID(after)
+		return err
+	}
+	_, _, err := dlq.ParsePosition(after)
+	return err
+}
+
+// deadQueue returns the dead letters of the request's queue (every
+// partition's, for a queue of Config.Partitions), or writes 404 when
+// neither its stream(s) nor its dead-letter stream(s) exist.
+func (d *Dashboard) deadQueue(w http.ResponseWriter, r *http.Request) (*deadTarget, bool) {
+	name := r.PathValue("queue")
+	t := &deadTarget{name: name}
+	var dls []*dlq.DLQ
+	if ps := d.partitions(name); ps != nil {
+		p, err := dlq.NewPartitioned(d.rdb, name, len(ps), dlq.Config{})
+		if err != nil {
+			d.fail(w, r, http.StatusNotFound, "not a queue name", err)
+			return nil, false
+		}
+		t.all, t.part, dls = p, p, p.Partitions()
+		t.where = "the dead-letter streams of its " + strconv.Itoa(len(ps)) + " partitions"
+	} else {
+		q, err := dlq.New(d.rdb, name, dlq.Config{})
+		if err != nil {
+			d.fail(w, r, http.StatusNotFound, "not a queue name", err)
+			return nil, false
+		}
+		t.all, dls, t.where = q, []*dlq.DLQ{q}, q.Stream()
 	}
 	ctx := r.Context()
 	pipe := d.rdb.Pipeline()
-	typ := pipe.Type(ctx, name)
-	n := pipe.XLen(ctx, q.Stream())
+	typs := make([]*redis.StatusCmd, len(dls))
+	lens := make([]*redis.IntCmd, len(dls))
+	for i, q := range dls {
+		typs[i] = pipe.Type(ctx, q.Source())
+		lens[i] = pipe.XLen(ctx, q.Stream())
+	}
 	_, _ = pipe.Exec(ctx)
-	if err := typ.Err(); err != nil {
-		d.fail(w, r, http.StatusBadGateway, "TYPE", err)
-		return nil, 0, false
+	exists := false
+	for i, q := range dls {
+		if err := typs[i].Err(); err != nil {
+			d.fail(w, r, http.StatusBadGateway, "TYPE", err)
+			return nil, false
+		}
+		if err := lens[i].Err(); err != nil {
+			d.fail(w, r, http.StatusBadGateway, "XLEN "+q.Stream(), err)
+			return nil, false
+		}
+		t.total += lens[i].Val()
+		exists = exists || typs[i].Val() != "none" || lens[i].Val() > 0
 	}
-	if err := n.Err(); err != nil {
-		d.fail(w, r, http.StatusBadGateway, "XLEN "+q.Stream(), err)
-		return nil, 0, false
-	}
-	if typ.Val() == "none" && n.Val() == 0 {
+	if !exists {
 		d.fail(w, r, http.StatusNotFound, "unknown stream "+strconv.Quote(name), nil)
-		return nil, 0, false
+		return nil, false
 	}
-	return q, n.Val(), true
+	return t, true
 }
 
 // messages shown after an action, chosen by the done parameter.
@@ -159,6 +258,8 @@ var doneMessages = map[string]string{
 	"delete":  "Deleted %s dead letter(s).",
 	"run":     "%s delayed job(s) made due now; a consumer will promote them at its next promotion.",
 	"gone":    "Nothing to do: the job was no longer there.",
+	"pause":   "Paused (%s stream(s)): consumers stop starting the jobs within about a second; running jobs finish.",
+	"resume":  "Lifted the pause on %s stream(s): the jobs it held start at once.",
 	"changed": "The number of matching entries changed since the confirmation; nothing was done.",
 }
 
@@ -175,39 +276,48 @@ func doneMessage(v url.Values) string {
 }
 
 func (d *Dashboard) deadList(w http.ResponseWriter, r *http.Request) {
-	q, total, ok := d.deadQueue(w, r)
+	t, ok := d.deadQueue(w, r)
 	if !ok {
 		return
 	}
 	v := r.URL.Query()
-	ff, f, err := readFilter(v)
-	data := deadData{Stream: q.Source(), DeadStream: q.Stream(), Total: total, Filter: ff, Query: ff.values(),
+	ff, f, dl, err := t.filter(v)
+	data := deadData{Stream: t.name, DeadStream: t.where, Total: t.total, Filter: ff, Query: ff.values(),
 		After: v.Get("after"), Message: doneMessage(v), ReplayRate: d.cfg.ReplayRate}
-	data.Replay = d.replays.view(q.Source())
+	if t.part != nil {
+		data.Partitions = len(t.part.Partitions())
+	}
+	data.Replay = d.replays.view(t.name)
 	if err != nil {
 		data.FilterErr = err.Error()
-		d.render(w, r, http.StatusBadRequest, "dead", "Dead letters of "+q.Source(), false, data)
+		d.render(w, r, http.StatusBadRequest, "dead", "Dead letters of "+t.name, false, data)
 		return
 	}
 	if data.After != "" {
-		if _, err := stream.ParseID(data.After); err != nil {
+		if err := t.checkAfter(data.After); err != nil {
 			data.FilterErr = "after: " + err.Error()
-			d.render(w, r, http.StatusBadRequest, "dead", "Dead letters of "+q.Source(), false, data)
+			d.render(w, r, http.StatusBadRequest, "dead", "Dead letters of "+t.name, false, data)
 			return
 		}
 	}
-	es, next, err := q.List(r.Context(), f, d.cfg.PageSize, data.After)
+	if dl != t.all {
+		data.After = "" // one entry of a partition: no paging
+	}
+	es, next, err := dl.List(r.Context(), f, d.cfg.PageSize, data.After)
 	if err != nil {
 		d.fail(w, r, http.StatusBadGateway, "cannot list the dead letters", err)
 		return
 	}
-	data.Next = next
+	if dl == t.all {
+		data.Next = next
+	}
 	for _, e := range es {
 		row := deadRow{ID: e.ID, Type: d.clip(e.Type()), Reason: e.Reason, Error: d.clip(e.Error), DeadAt: e.DeadAt, Attempts: e.Attempts}
+		row.Ref, row.Partition = t.ref(e)
 		row.JobID, _ = e.Value(stream.FieldJobID)
 		data.Rows = append(data.Rows, row)
 	}
-	d.render(w, r, http.StatusOK, "dead", "Dead letters of "+q.Source(), data.Replay != nil && data.Replay.Running, data)
+	d.render(w, r, http.StatusOK, "dead", "Dead letters of "+t.name, data.Replay != nil && data.Replay.Running, data)
 }
 
 type fieldView struct {
@@ -223,6 +333,8 @@ type entryData struct {
 	PayloadKind  string
 	DecodeErr    string
 	ErrorHistory []string
+	Ref          string // the entry in URLs
+	Partition    int    // -1 for a stream
 	TraceID      string
 	TraceLink    string
 	// Type and Error are the entry's, cut at MaxValueBytes.
@@ -241,25 +353,27 @@ func traceID(traceparent string) string {
 }
 
 func (d *Dashboard) deadEntry(w http.ResponseWriter, r *http.Request) {
-	q, _, ok := d.deadQueue(w, r)
+	t, ok := d.deadQueue(w, r)
 	if !ok {
 		return
 	}
-	id := r.PathValue("id")
-	if _, err := stream.ParseID(id); err != nil {
+	ref := r.PathValue("id")
+	dl, id, err := t.one(ref)
+	if err != nil {
 		d.fail(w, r, http.StatusNotFound, "not an entry ID", nil)
 		return
 	}
-	e, err := q.Get(r.Context(), id)
+	e, err := dl.Get(r.Context(), id)
 	if errors.Is(err, dlq.ErrNotFound) {
-		d.fail(w, r, http.StatusNotFound, "no dead letter "+id+" in "+q.Stream(), nil)
+		d.fail(w, r, http.StatusNotFound, "no dead letter "+ref+" in "+t.where, nil)
 		return
 	}
 	if err != nil {
 		d.fail(w, r, http.StatusBadGateway, "cannot read the dead letter", err)
 		return
 	}
-	data := entryData{Stream: q.Source(), Entry: &e, Type: d.clip(e.Type()), Error: d.clip(e.Error)}
+	data := entryData{Stream: t.name, Entry: &e, Type: d.clip(e.Type()), Error: d.clip(e.Error)}
+	data.Ref, data.Partition = t.ref(e)
 	for _, f := range e.Fields {
 		data.Fields = append(data.Fields, fieldView{Name: f.Name, Value: showValue([]byte(f.Value), d.cfg.MaxValueBytes)})
 	}
@@ -275,7 +389,7 @@ func (d *Dashboard) deadEntry(w http.ResponseWriter, r *http.Request) {
 	if data.TraceID != "" && d.cfg.TraceURL != "" {
 		data.TraceLink = strings.ReplaceAll(d.cfg.TraceURL, "{trace_id}", data.TraceID)
 	}
-	d.render(w, r, http.StatusOK, "entry", "Dead letter "+id, false, data)
+	d.render(w, r, http.StatusOK, "entry", "Dead letter "+ref, false, data)
 }
 
 // clip cuts a value a producer controls (a job type, an error text) at

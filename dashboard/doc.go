@@ -22,6 +22,21 @@
 //     every field, the payload decoded to JSON (msgpack too), the error
 //     history and the trace ID (a link with Config.TraceURL).
 //
+// Partitioned queues (stream.Partitions) named in Config.Partitions are one
+// queue each: one overview row with figures summed over the partitions (a
+// partition never written to counts as empty), a queue page with a
+// per-partition breakdown (each partition keeps its own page), and one
+// dead-letter list of every partition (dlq.Partitioned: in the queue's
+// order, paged by position <entry ID>@<partition>, which also names an
+// entry in URLs since IDs repeat across partitions). Replay and purge act
+// on every partition, each job back to the partition it died in.
+//
+// Pauses (package control) are shown on the overview and the queue page:
+// the whole queue's or each type's, with its end; pause (the queue or a
+// type, for a while or until resumed) and resume are actions like the
+// others, on every partition of a partitioned queue. A pause hash of more
+// than 2·control.MaxPauses fields (not Pelican's) is reported, not read.
+//
 // Actions: replay (filtered, rate-limited, in the background with its
 // progress on the page, resumable, one at a time per dead-letter stream as
 // package dlq enforces), purge, delete one dead letter, and run a delayed
@@ -43,6 +58,6 @@
 // Authorization is the host's: Config.Authorize sees every request first.
 // pelican web adds basic auth or a bearer token from its environment.
 //
-// This package imports dlq, stream and internal helpers; nothing in
+// This package imports control, dlq, stream and internal helpers; nothing in
 // Pelican imports it but cmd/pelican.
 package dashboard

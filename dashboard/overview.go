@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"net/http"
+	"sort"
 	"time"
 
 	"github.com/pelicanqueue/pelican/internal/queuestats"
@@ -11,6 +12,26 @@ import (
 // streamNames returns the queues to show: Config.Streams, or the streams
 // SCAN found (reused for Config.StreamsTTL), and whether SCAN was denied.
 func (d *Dashboard) streamNames(ctx context.Context) ([]string, bool, error) {
+	names, denied, err := d.scanOrConfigured(ctx)
+	if err != nil || len(d.parts) == 0 {
+		return names, denied, err
+	}
+	// The partitioned queues, their partition streams left out.
+	out := make([]string, 0, len(names)+len(d.parts))
+	for _, n := range names {
+		if !d.partOf[n] && d.parts[n] == nil {
+			out = append(out, n)
+		}
+	}
+	for q := range d.parts {
+		out = append(out, q)
+	}
+	sort.Strings(out)
+	return out, denied, nil
+}
+
+// scanOrConfigured returns Config.Streams, or the streams SCAN found.
+func (d *Dashboard) scanOrConfigured(ctx context.Context) ([]string, bool, error) {
 	if len(d.cfg.Streams) > 0 {
 		return d.cfg.Streams, false, nil
 	}
@@ -37,6 +58,8 @@ type overviewRow struct {
 	OldestAge        time.Duration
 	HasOldest        bool
 	Added, Completed chart
+	Partitions       int // partition count of a partitioned queue
+	Pauses           pauseView
 }
 
 type overviewData struct {
@@ -55,19 +78,26 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusBadGateway, "cannot list the streams", err)
 		return
 	}
-	qs, now, err := queuestats.Collect(ctx, d.rdb, names, queuestats.Options{ReasonScan: d.cfg.ReasonScan})
+	qs, _, now, err := d.collect(ctx, names)
 	if err != nil {
 		d.fail(w, r, http.StatusBadGateway, "cannot read the queues", err)
 		return
 	}
 	data := overviewData{ScanDenied: denied, ReasonScan: d.cfg.ReasonScan}
-	for _, q := range qs {
-		row := overviewRow{Q: q}
+	streams := make([][]string, len(names))
+	for i, n := range names {
+		if streams[i] = d.partitions(n); streams[i] == nil {
+			streams[i] = []string{n}
+		}
+	}
+	pauses := d.readPauses(ctx, streams, now)
+	for i, q := range qs {
+		row := overviewRow{Q: q, Partitions: len(d.partitions(q.Stream)), Pauses: pauses[i]}
 		switch {
-		case queuestats.NoPerm(q.Err) && len(d.cfg.Streams) == 0:
+		case queuestats.NoPerm(q.Err) && len(d.cfg.Streams) == 0 && row.Partitions == 0:
 			data.Skipped++ // another team's stream: not even named
 			continue
-		case q.Err != nil && len(d.cfg.Streams) == 0 && isNotFound(q.Err):
+		case q.Err != nil && len(d.cfg.Streams) == 0 && row.Partitions == 0 && isNotFound(q.Err):
 			continue // deleted since the SCAN
 		case isNotFound(q.Err):
 			row.NotFound = true

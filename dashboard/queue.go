@@ -45,6 +45,10 @@ type queueData struct {
 	Recent           []recentEntry
 	PageSize         int
 	Now              time.Time
+	Message          string
+	Pauses           pauseView
+	// Parts is the breakdown of a partitioned queue, nil for a stream.
+	Parts []partRow
 }
 
 // field returns the value of name in a flat field list.
@@ -56,12 +60,16 @@ func field(values map[string]any, name string) string {
 func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	name := r.PathValue("queue")
+	ss := d.partitions(name)
+	if ss == nil {
+		ss = []string{name}
+	}
 	keys, err := stream.KeysFor(name)
-	if err != nil {
+	if err != nil && len(ss) == 1 {
 		d.fail(w, r, http.StatusNotFound, "not a queue name", err)
 		return
 	}
-	qs, now, err := queuestats.Collect(ctx, d.rdb, []string{name}, queuestats.Options{ReasonScan: d.cfg.ReasonScan})
+	qs, parts, now, err := d.collect(ctx, []string{name})
 	if err != nil {
 		d.fail(w, r, http.StatusBadGateway, "cannot read the queue", err)
 		return
@@ -76,8 +84,23 @@ func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.rates.record(q, now)
-	data := queueData{Q: q, StuckAfter: d.cfg.StuckAfter, PageSize: d.cfg.PageSize, Now: now}
+	data := queueData{Q: q, StuckAfter: d.cfg.StuckAfter, PageSize: d.cfg.PageSize, Now: now, Message: doneMessage(r.URL.Query())}
 	data.Added, data.Completed = d.rates.charts(name, now)
+	all := [][]string{ss}
+	for _, s := range parts[0] {
+		all = append(all, []string{s.Stream})
+	}
+	pauses := d.readPauses(ctx, all, now)
+	data.Pauses = pauses[0]
+	if parts[0] != nil {
+		// A partitioned queue: the breakdown, each partition's page for
+		// its stuck, delayed and recent jobs.
+		for i, p := range parts[0] {
+			data.Parts = append(data.Parts, partRow{Index: i, Q: p, NotFound: isNotFound(p.Err), Pauses: pauses[i+1]})
+		}
+		d.render(w, r, http.StatusOK, "queue", name, true, data)
+		return
+	}
 
 	n := int64(d.cfg.PageSize)
 	pipe := d.rdb.Pipeline()

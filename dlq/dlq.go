@@ -153,6 +153,9 @@ type Field struct {
 type Entry struct {
 	// ID is the dead-letter entry's ID.
 	ID string
+	// Stream is the dead-letter stream the entry was read from (for a
+	// partitioned queue, see [Partitioned], its partition's).
+	Stream string
 	// Fields are the entry's raw fields in order, dead_* fields included,
 	// duplicates kept.
 	Fields []Field
@@ -197,8 +200,8 @@ func (e *Entry) Type() string {
 }
 
 // newEntry parses a dead-letter entry.
-func newEntry(id string, fields []Field) Entry {
-	e := Entry{ID: id, Fields: fields}
+func newEntry(key, id string, fields []Field) Entry {
+	e := Entry{ID: id, Stream: key, Fields: fields}
 	job := make(map[string]any, len(fields))
 	for _, f := range fields {
 		switch f.Name {
@@ -255,10 +258,11 @@ func xrange(ctx context.Context, rdb doer, key, start, end string, count int) ([
 		}
 		return nil, err
 	}
-	return parseEntries(res)
+	return parseEntries(key, res)
 }
 
-func parseEntries(res []any) ([]Entry, error) {
+// parseEntries parses an XRANGE reply of stream key.
+func parseEntries(key string, res []any) ([]Entry, error) {
 	out := make([]Entry, 0, len(res))
 	for _, r := range res {
 		pair, ok := r.([]any)
@@ -284,7 +288,7 @@ func parseEntries(res []any) ([]Entry, error) {
 		default:
 			return nil, fmt.Errorf("dlq: unexpected XRANGE fields %T", pair[1])
 		}
-		out = append(out, newEntry(id, fields))
+		out = append(out, newEntry(key, id, fields))
 	}
 	return out, nil
 }
@@ -437,7 +441,7 @@ func (d *DLQ) scanIDs(ctx context.Context, m *matcher, start, end string, fn fun
 			if err != nil && !errors.Is(err, redis.Nil) {
 				return fmt.Errorf("dlq: XRANGE %s: %w", d.dead, err)
 			}
-			es, err := parseEntries(res)
+			es, err := parseEntries(d.dead, res)
 			if err != nil {
 				return err
 			}
@@ -459,7 +463,7 @@ func (d *DLQ) lastID(ctx context.Context) (string, error) {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return "", err
 	}
-	es, err := parseEntries(res)
+	es, err := parseEntries(d.dead, res)
 	if err != nil || len(es) == 0 {
 		return "", err
 	}

@@ -51,6 +51,15 @@
 // record is forgotten first (BeforeMove, idem.Store.Forget). This package
 // does not know the store: the caller decides.
 //
+// A partitioned queue (stream.Partitions) has a dead-letter stream per
+// partition; [Partitioned] operates them as one: List, Count, Purge and
+// Replay in one order (by entry ID, equal IDs in partition order), a limit
+// over the whole queue, List positions "<entry ID>@<partition>", Get and
+// FindJob in whichever partition holds the entry. Its Replay is the same
+// code as a DLQ's (a DLQ is the one-stream case): it holds every
+// partition's lease and cursor, and deletes the cursors only when it
+// reaches the end of every partition.
+//
 // Keys: the lease is stream.DerivedKey(dead-letter stream, "replay") and
 // the cursor stream.DerivedKey(dead-letter stream, "replay:cursor"), so every
 // script's keys share one slot.

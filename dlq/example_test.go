@@ -60,3 +60,38 @@ func ExampleDLQ_Replay() {
 	// job: job-0 ik-0 attempt: <nil> dead_reason: <nil> replay_count: 1
 	// left in the DLQ: 1
 }
+
+func ExamplePartitioned() {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+
+	p, err := dlq.NewPartitioned(rdb, "orders", 3, dlq.Config{})
+	if err != nil {
+		panic(err)
+	}
+	// Three dead letters, in partitions 2, 0 and 1, in that order of IDs.
+	for i, part := range []int{2, 0, 1} {
+		rdb.XAdd(ctx, &redis.XAddArgs{Stream: p.Partitions()[part].Stream(), ID: fmt.Sprint(1800000000000+i, "-0"), Values: []any{
+			"type", "invoice.send", "payload", "{}", "job_id", fmt.Sprint("job-", i), "dead_reason", "exhausted",
+		}})
+	}
+	page, next, _ := p.List(ctx, dlq.Filter{}, 2, "")
+	for _, e := range page {
+		fmt.Println(e.Job.ID, e.Stream)
+	}
+	fmt.Println("next:", next)
+	res, _ := p.Replay(ctx, dlq.Filter{}, dlq.ReplayOptions{Limit: 2})
+	left, _ := p.Count(ctx, dlq.Filter{})
+	fmt.Println("replayed:", res.Replayed, "left:", left)
+	// Output:
+	// job-0 {orders~3~2~3}:dlq
+	// job-1 {orders~3~0~2}:dlq
+	// next: 1800000000001-0@0
+	// replayed: 2 left: 1
+}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -127,6 +128,26 @@ type ReplayResult struct {
 //
 // Jobs go to the DLQ's source stream, whatever their dead_stream field says.
 func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResult, error) {
+	return replay(ctx, []*DLQ{d}, f, o)
+}
+
+// replayPart is one dead-letter stream of a replay.
+type replayPart struct {
+	d          *DLQ
+	token      string
+	start, end string // the range left ("" end: nothing)
+	pending    string // last examined ID not yet in the cursor
+	examined   int
+}
+
+// replay is [DLQ.Replay] over the dead-letter streams of parts (one, or a
+// partitioned queue's): it holds every part's lease, and moves the matching
+// entries of all in one order, by entry ID (equal IDs: in the order of
+// parts), so that Limit counts the moves of all. Each part keeps its own
+// cursor; all are deleted when the replay reaches every part's end, and
+// all kept otherwise, so a stopped replay resumes every part where it
+// stopped (and a part already at its end stays there).
+func replay(ctx context.Context, parts []*DLQ, f Filter, o ReplayOptions) (ReplayResult, error) {
 	var res ReplayResult
 	if o.Rate < 0 || math.IsNaN(o.Rate) || math.IsInf(o.Rate, 0) || o.Limit < 0 || o.ProgressInterval < 0 {
 		return res, fmt.Errorf("dlq: ReplayOptions: Rate (%v), Limit (%d) and ProgressInterval (%v) must not be negative",
@@ -139,46 +160,63 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 		return res, err
 	}
 	fp := f.fingerprint()
+	// count returns how many entries of p's range match, at most Limit.
+	count := func(ctx context.Context, p *replayPart, examined *int) (int, error) {
+		n := 0
+		err := p.d.scan(ctx, f, p.start, p.end, func(_ Entry, matched bool) (bool, error) {
+			if examined != nil {
+				*examined++
+			}
+			if matched {
+				n++
+			}
+			return o.Limit == 0 || n < o.Limit, nil
+		})
+		return n, err
+	}
+	capped := func(n int) int {
+		if o.Limit > 0 {
+			return min(n, o.Limit)
+		}
+		return n
+	}
 
 	if o.DryRun {
-		start, end, resumed, err := d.readCursor(ctx, fp)
-		if err != nil {
-			return res, err
-		}
-		res.Resumed = resumed
-		if end == "" {
-			return res, nil
-		}
-		err = d.scan(ctx, f, start, end, func(_ Entry, matched bool) (bool, error) {
-			res.Examined++
-			if matched {
-				res.Replayed++
+		for _, d := range parts {
+			p := &replayPart{d: d}
+			var resumed bool
+			var err error
+			if p.start, p.end, resumed, err = d.readCursor(ctx, fp); err != nil {
+				return res, err
 			}
-			return o.Limit == 0 || res.Replayed < o.Limit, nil
-		})
+			res.Resumed = res.Resumed || resumed
+			if p.end == "" {
+				continue
+			}
+			n, err := count(ctx, p, &res.Examined)
+			res.Replayed = capped(res.Replayed + n)
+			if err != nil {
+				return res, err
+			}
+		}
 		if o.Progress != nil {
 			o.Progress(ReplayProgress{Matched: res.Replayed, Total: res.Replayed})
 		}
-		return res, err
+		return res, nil
 	}
 
-	if err := d.checkPermissions(ctx); err != nil {
-		return res, err
+	for _, d := range parts {
+		if err := d.checkPermissions(ctx); err != nil {
+			return res, err
+		}
 	}
-	token, err := d.acquire(ctx)
-	if err != nil {
-		return res, err
-	}
+	ps := make([]*replayPart, 0, len(parts))
 	ctx, cancel := context.WithCancelCause(ctx)
-	renewDone := make(chan struct{})
-	go func() {
-		defer close(renewDone)
-		d.renew(ctx, cancel, token)
-	}()
+	var renewers sync.WaitGroup
 	finished := false
 	defer func() {
 		cancel(nil)
-		<-renewDone
+		renewers.Wait()
 		// Release even when ctx is cancelled; a failure leaves the lease to
 		// expire after LeaseTTL.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -187,9 +225,20 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 		if finished {
 			done = "1"
 		}
-		_ = releaseScript.Run(rctx, d.rdb, []string{d.lease, d.cursor}, token, done).Err()
+		for _, p := range ps {
+			_ = releaseScript.Run(rctx, p.d.rdb, []string{p.d.lease, p.d.cursor}, p.token, done).Err()
+		}
 	}()
-	// leaseErr turns an error caused by the renewer's cancellation into
+	for _, d := range parts {
+		token, err := d.acquire(ctx)
+		if err != nil {
+			return res, err
+		}
+		p := &replayPart{d: d, token: token}
+		ps = append(ps, p)
+		renewers.Go(func() { d.renew(ctx, cancel, token) })
+	}
+	// leaseErr turns an error caused by a renewer's cancellation into
 	// ErrLeaseLost.
 	leaseErr := func(err error) error {
 		if c := context.Cause(ctx); errors.Is(c, ErrLeaseLost) {
@@ -198,39 +247,49 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 		return err
 	}
 
-	start, end, resumed, err := d.readCursor(ctx, fp)
-	if err != nil {
-		return res, leaseErr(err)
+	live := 0
+	for _, p := range ps {
+		var resumed bool
+		var err error
+		if p.start, p.end, resumed, err = p.d.readCursor(ctx, fp); err != nil {
+			return res, leaseErr(err)
+		}
+		res.Resumed = res.Resumed || resumed
+		if p.end == "" {
+			continue
+		}
+		live++
+		if !resumed {
+			n, err := cursorScript.Run(ctx, p.d.rdb, []string{p.d.lease, p.d.cursor}, p.token, p.d.cfg.CursorTTL.Milliseconds(),
+				"filter", fp, "end", p.end, "last", "").Int()
+			if err != nil {
+				return res, leaseErr(fmt.Errorf("dlq: write replay cursor: %w", err))
+			}
+			if n < 0 {
+				return res, ErrLeaseLost
+			}
+		}
 	}
-	res.Resumed = resumed
-	if end == "" {
+	if live == 0 {
 		finished = true
 		return res, nil
-	}
-	if !resumed {
-		n, err := cursorScript.Run(ctx, d.rdb, []string{d.lease, d.cursor}, token, d.cfg.CursorTTL.Milliseconds(),
-			"filter", fp, "end", end, "last", "").Int()
-		if err != nil {
-			return res, leaseErr(fmt.Errorf("dlq: write replay cursor: %w", err))
-		}
-		if n < 0 {
-			return res, ErrLeaseLost
-		}
 	}
 
 	total := 0
 	if o.Progress != nil {
-		if err := d.scan(ctx, f, start, end, func(_ Entry, matched bool) (bool, error) {
-			if matched {
-				total++
+		for _, p := range ps {
+			if p.end == "" {
+				continue
 			}
-			return o.Limit == 0 || total < o.Limit, nil
-		}); err != nil {
-			return res, leaseErr(err)
+			n, err := count(ctx, p, nil)
+			if err != nil {
+				return res, leaseErr(err)
+			}
+			total = capped(total + n)
 		}
 	}
 
-	p := newPacer(o.Rate)
+	pc := newPacer(o.Rate)
 	t0 := time.Now()
 	matched := 0
 	lastReport := time.Time{}
@@ -249,67 +308,82 @@ func (d *DLQ) Replay(ctx context.Context, f Filter, o ReplayOptions) (ReplayResu
 		}
 		o.Progress(pr)
 	}
-	pendingCursor := "" // last examined ID not yet in the cursor
-	limited := false
-	err = d.scan(ctx, f, start, end, func(e Entry, ok bool) (bool, error) {
+	m := newMerger(ctx, f, len(ps), func(i int) (*DLQ, string, string) { return ps[i].d, ps[i].start, ps[i].end })
+	defer m.close()
+	// Entries that do not match move the part's cursor every PageSize.
+	m.skip = func(i int, e Entry) error {
+		p := ps[i]
 		res.Examined++
-		if !ok {
-			pendingCursor = e.ID
-			if res.Examined%d.cfg.PageSize == 0 {
-				if err := d.advance(ctx, token, pendingCursor); err != nil {
-					return false, err
+		p.examined++
+		p.pending = e.ID
+		if p.examined%p.d.cfg.PageSize == 0 {
+			if err := p.d.advance(ctx, p.token, p.pending); err != nil {
+				return err
+			}
+			p.pending = ""
+		}
+		return nil
+	}
+	limited := false
+	err := func() error {
+		for {
+			i, e, err := m.peek()
+			if err != nil || i < 0 {
+				return err
+			}
+			if o.Limit > 0 && matched == o.Limit {
+				limited = true // e is left for the next replay
+				return nil
+			}
+			m.pop(i)
+			p := ps[i]
+			res.Examined++
+			p.examined++
+			if err := pc.wait(ctx); err != nil {
+				return err
+			}
+			if o.BeforeMove != nil {
+				if err := o.BeforeMove(ctx, e); err != nil {
+					return fmt.Errorf("dlq: before replaying %s: %w", e.ID, err)
 				}
-				pendingCursor = ""
 			}
-			return true, nil
-		}
-		if o.Limit > 0 && matched == o.Limit {
-			res.Examined-- // left for the next replay
-			limited = true
-			return false, nil
-		}
-		if err := p.wait(ctx); err != nil {
-			return false, err
-		}
-		if o.BeforeMove != nil {
-			if err := o.BeforeMove(ctx, e); err != nil {
-				return false, fmt.Errorf("dlq: before replaying %s: %w", e.ID, err)
+			d := p.d
+			keys := []string{d.dead, d.source, d.lease, d.cursor}
+			if key, ok := e.Value(stream.FieldIdempotencyKey); ok && key != "" {
+				marker, err := stream.OnceKey(d.source, key)
+				if err != nil {
+					return err
+				}
+				keys = append(keys, marker)
 			}
-		}
-		keys := []string{d.dead, d.source, d.lease, d.cursor}
-		if key, ok := e.Value(stream.FieldIdempotencyKey); ok && key != "" {
-			marker, err := stream.OnceKey(d.source, key)
+			v, err := d.move(ctx, keys, p.token, &e)
 			if err != nil {
-				return false, err
+				return fmt.Errorf("dlq: replay %s: %w", e.ID, err)
 			}
-			keys = append(keys, marker)
-		}
-		v, err := d.move(ctx, keys, token, &e)
-		if err != nil {
-			return false, fmt.Errorf("dlq: replay %s: %w", e.ID, err)
-		}
-		pendingCursor = ""
-		matched++
-		switch v := v.(type) {
-		case string:
-			res.Replayed++
-		case int64:
-			switch v {
-			case -1:
-				return false, ErrLeaseLost
-			case -2:
-				res.Skipped++
-			case -3:
-				res.Duplicates++
-			default:
-				res.Missing++
+			p.pending = ""
+			matched++
+			switch v := v.(type) {
+			case string:
+				res.Replayed++
+			case int64:
+				switch v {
+				case -1:
+					return ErrLeaseLost
+				case -2:
+					res.Skipped++
+				case -3:
+					res.Duplicates++
+				default:
+					res.Missing++
+				}
 			}
+			report(false)
 		}
-		report(false)
-		return true, nil
-	})
-	if err == nil && pendingCursor != "" {
-		err = d.advance(ctx, token, pendingCursor)
+	}()
+	for _, p := range ps {
+		if err == nil && p.pending != "" {
+			err = p.d.advance(ctx, p.token, p.pending)
+		}
 	}
 	res.Elapsed = time.Since(t0)
 	report(true)

@@ -61,16 +61,19 @@ What replay does with idempotency records: pelican dlq replay --help.
 
 A stream that exists neither as <stream> nor as its dead-letter stream exits 4.
 
-A partitioned queue (stream.Partitions): --partitions N makes <stream> of ls,
-replay and purge the queue's name, and runs the command on each of its N
-partitions in turn (confirming each unless --yes); --limit and --after then
-apply to each partition, not to the queue as a whole. show takes the
-partition's stream, as ls prints it.`,
+A partitioned queue (stream.Partitions): --partitions N makes <stream> the
+queue's name, and every subcommand treats its N partitions as one queue
+(dlq.Partitioned): entries in the queue's order (by dead-letter entry ID,
+equal IDs in partition order), --limit over the whole queue, ls's --after
+a position <entry ID>@<partition> (as ls prints it), one confirmation, one
+replay holding every partition's lease, each job replayed to the partition
+it died in. show finds the entry in whichever partition holds it, by entry
+ID or by job ID.`,
 	}
 	var partitions int
-	c.PersistentFlags().IntVar(&partitions, "partitions", 0, "ls, replay, purge: <stream> names a partitioned queue of this many partitions")
-	c.AddCommand(perPartition(a, &partitions, newDLQLsCmd(a)), newDLQShowCmd(a),
-		perPartition(a, &partitions, newDLQReplayCmd(a)), perPartition(a, &partitions, newDLQPurgeCmd(a)))
+	c.PersistentFlags().IntVar(&partitions, "partitions", 0, "<stream> names a partitioned queue of this many partitions")
+	c.AddCommand(newDLQLsCmd(a, &partitions), newDLQShowCmd(a, &partitions),
+		newDLQReplayCmd(a, &partitions), newDLQPurgeCmd(a, &partitions))
 	return c
 }
 
@@ -123,55 +126,131 @@ func parseWhen(flag, s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fail(exitUsage, "invalid %s %q: want an RFC3339 time (2026-01-02T15:04:05Z) or a duration ago (90m, 2h)", flag, s)
 }
 
-// openDLQ connects and returns the DLQ of source and the client; closeFn
-// closes the client. An unknown stream (neither source nor its dead-letter
-// stream exists: a mistyped name) exits 4; a key of another type exits 1.
-// A dead-letter stream whose source is gone can still be operated.
-func openDLQ(ctx context.Context, a *app, source string) (d *dlq.DLQ, rdb redis.UniversalClient, closeFn func(), err error) {
-	if _, err := stream.KeysFor(source); err != nil {
-		return nil, nil, nil, fail(exitUsage, "%v", err)
+// deadLetters is what the dlq subcommands operate: one stream's dead
+// letters (*dlq.DLQ) or a partitioned queue's (*dlq.Partitioned).
+type deadLetters interface {
+	List(ctx context.Context, f dlq.Filter, limit int, after string) ([]dlq.Entry, string, error)
+	Get(ctx context.Context, id string) (dlq.Entry, error)
+	Count(ctx context.Context, f dlq.Filter) (int, error)
+	Replay(ctx context.Context, f dlq.Filter, o dlq.ReplayOptions) (dlq.ReplayResult, error)
+	Purge(ctx context.Context, f dlq.Filter, o dlq.PurgeOptions) (int, error)
+}
+
+// target is the dead letters a dlq subcommand operates, with their names
+// for messages.
+type target struct {
+	deadLetters
+	dead, source string           // "{orders}:dlq", "orders"; a queue's: descriptions
+	part         *dlq.Partitioned // nil for a stream
+	rdb          redis.UniversalClient
+	close        func()
+}
+
+// partitionOf returns the partition index of the dead-letter stream an
+// entry was read from (-1 for a plain stream).
+func (t *target) partitionOf(e dlq.Entry) int {
+	if t.part == nil {
+		return -1
 	}
-	rdb, err = a.connect(ctx)
-	if err != nil {
-		return nil, nil, nil, err
+	for i, d := range t.part.Partitions() {
+		if d.Stream() == e.Stream {
+			return i
+		}
 	}
-	closeFn = func() { _ = rdb.Close() }
-	d, err = dlq.New(rdb, source, dlq.Config{})
+	return -1
+}
+
+// sourceOf returns the stream a replayed entry goes back to.
+func (t *target) sourceOf(e dlq.Entry) string {
+	if i := t.partitionOf(e); i >= 0 {
+		return t.part.Partitions()[i].Source()
+	}
+	return t.source
+}
+
+// openTarget connects and returns the dead letters of name: a stream, or
+// with partitions > 0 a queue of that many partitions. An unknown stream
+// (neither it nor its dead-letter stream exists: a mistyped name; for a
+// queue, none of its partitions' streams) exits 4; a key of another type
+// exits 1. A dead-letter stream whose source is gone can still be operated.
+func openTarget(ctx context.Context, a *app, name string, partitions int) (*target, error) {
+	var streams []string
+	if partitions != 0 {
+		parts, err := stream.Partitions(name, partitions)
+		if err != nil {
+			return nil, fail(exitUsage, "queue %q: --partitions: %v", name, err)
+		}
+		streams = parts
+	} else if _, err := stream.KeysFor(name); err != nil {
+		return nil, fail(exitUsage, "%v", err)
+	}
+	rdb, err := a.connect(ctx)
 	if err != nil {
-		closeFn()
-		return nil, nil, nil, fail(exitUsage, "%v", err)
+		return nil, err
+	}
+	t := &target{rdb: rdb, close: func() { _ = rdb.Close() }}
+	var keys []string
+	if streams == nil {
+		d, err := dlq.New(rdb, name, dlq.Config{})
+		if err != nil {
+			t.close()
+			return nil, fail(exitUsage, "%v", err)
+		}
+		t.deadLetters, t.dead, t.source = d, d.Stream(), d.Source()
+		keys = []string{d.Source(), d.Stream()}
+	} else {
+		p, err := dlq.NewPartitioned(rdb, name, partitions, dlq.Config{})
+		if err != nil {
+			t.close()
+			return nil, fail(exitUsage, "%v", err)
+		}
+		t.deadLetters, t.part = p, p
+		t.dead = fmt.Sprintf("the dead-letter streams of queue %s (%d partitions)", name, partitions)
+		t.source = "their partitions"
+		for _, d := range p.Partitions() {
+			keys = append(keys, d.Source(), d.Stream())
+		}
 	}
 	found := false
-	for _, key := range []string{d.Source(), d.Stream()} {
+	for _, key := range keys {
 		ok, err := streamExists(ctx, rdb, key)
 		if err != nil {
-			closeFn()
-			return nil, nil, nil, err
+			t.close()
+			return nil, err
 		}
-		found = found || ok
+		if found = ok; found {
+			break
+		}
 	}
 	if !found {
-		closeFn()
-		return nil, nil, nil, fail(exitNotFound, "unknown stream %q (nor is there a dead-letter stream %q)", source, d.Stream())
+		t.close()
+		if t.part != nil {
+			return nil, fail(exitNotFound, "unknown queue %q: none of its %d partitions exists", name, partitions)
+		}
+		return nil, fail(exitNotFound, "unknown stream %q (nor is there a dead-letter stream %q)", name, t.dead)
 	}
-	return d, rdb, closeFn, nil
+	return t, nil
 }
 
 // entryJSON is a dead-letter entry in --output json.
 type entryJSON struct {
-	ID            string      `json:"id"`
-	DeadAt        time.Time   `json:"dead_at"`
-	Reason        string      `json:"reason"`
-	Type          string      `json:"type"`
-	Attempts      int         `json:"attempts"`
-	Error         string      `json:"error"`
-	Consumer      string      `json:"consumer,omitempty"`
-	SourceEntryID string      `json:"source_entry_id,omitempty"`
-	SourceStream  string      `json:"source_stream,omitempty"`
-	JobID         string      `json:"job_id,omitempty"`
-	Fields        []fieldJSON `json:"fields,omitempty"`
-	Job           *jobJSON    `json:"job,omitempty"`
-	DecodeError   string      `json:"decode_error,omitempty"`
+	ID string `json:"id"`
+	// Partition and DeadLetterStream say where the entry is, in a
+	// partitioned queue (--partitions).
+	Partition        *int        `json:"partition,omitempty"`
+	DeadLetterStream string      `json:"dead_letter_stream,omitempty"`
+	DeadAt           time.Time   `json:"dead_at"`
+	Reason           string      `json:"reason"`
+	Type             string      `json:"type"`
+	Attempts         int         `json:"attempts"`
+	Error            string      `json:"error"`
+	Consumer         string      `json:"consumer,omitempty"`
+	SourceEntryID    string      `json:"source_entry_id,omitempty"`
+	SourceStream     string      `json:"source_stream,omitempty"`
+	JobID            string      `json:"job_id,omitempty"`
+	Fields           []fieldJSON `json:"fields,omitempty"`
+	Job              *jobJSON    `json:"job,omitempty"`
+	DecodeError      string      `json:"decode_error,omitempty"`
 }
 
 // fieldJSON is one raw field; Encoding is "text" or "hex".
@@ -249,7 +328,17 @@ func oneLine(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-func newDLQLsCmd(a *app) *cobra.Command {
+// entryJSON returns e in --output json, with its partition in a
+// partitioned queue.
+func (t *target) entryJSON(e dlq.Entry, full bool) entryJSON {
+	j := toEntryJSON(e, full)
+	if i := t.partitionOf(e); i >= 0 {
+		j.Partition, j.DeadLetterStream = &i, e.Stream
+	}
+	return j
+}
+
+func newDLQLsCmd(a *app, partitions *int) *cobra.Command {
 	var ff filterFlags
 	var limit int
 	var after string
@@ -265,14 +354,17 @@ func newDLQLsCmd(a *app) *cobra.Command {
 			if limit <= 0 {
 				return fail(exitUsage, "invalid --limit %d: must be positive", limit)
 			}
-			d, _, closeFn, err := openDLQ(cmd.Context(), a, args[0])
+			d, err := openTarget(cmd.Context(), a, args[0], *partitions)
 			if err != nil {
 				return err
 			}
-			defer closeFn()
+			defer d.close()
 			entries, next, err := d.List(cmd.Context(), f, limit, after)
 			if err != nil {
 				if after != "" && strings.Contains(err.Error(), "after:") {
+					if d.part != nil {
+						return fail(exitUsage, "invalid --after %q: want a position <entry ID>@<partition> such as 1700000000000-0@3, as ls prints it: %v", after, err)
+					}
 					return fail(exitUsage, "invalid --after %q: want a dead-letter entry ID such as 1700000000000-0", after)
 				}
 				return err
@@ -280,17 +372,25 @@ func newDLQLsCmd(a *app) *cobra.Command {
 			if a.output == "json" {
 				out := make([]entryJSON, 0, len(entries))
 				for _, e := range entries {
-					out = append(out, toEntryJSON(e, false))
+					out = append(out, d.entryJSON(e, false))
 				}
 				if next != "" {
 					fmt.Fprintf(a.errOut, "more entries: add --after %s\n", next)
 				}
 				return printJSON(a, out)
 			}
-			t := newTable(a, "ID", "DEAD AT", "REASON", "TYPE", "ATTEMPTS", "ERROR")
+			cols := []string{"ID", "DEAD AT", "REASON", "TYPE", "ATTEMPTS", "ERROR"}
+			if d.part != nil {
+				cols = append([]string{"PARTITION"}, cols...)
+			}
+			t := newTable(a, cols...)
 			for _, e := range entries {
-				t.Row(e.ID, e.DeadAt.UTC().Format(time.RFC3339), e.Reason, oneLine(e.Type(), 40), e.Attempts,
-					oneLine(e.Error, errorColumnWidth))
+				row := []any{e.ID, e.DeadAt.UTC().Format(time.RFC3339), e.Reason, oneLine(e.Type(), 40), e.Attempts,
+					oneLine(e.Error, errorColumnWidth)}
+				if d.part != nil {
+					row = append([]any{d.partitionOf(e)}, row...)
+				}
+				t.Row(row...)
 			}
 			if err := t.Flush(); err != nil {
 				return err
@@ -303,39 +403,52 @@ func newDLQLsCmd(a *app) *cobra.Command {
 	}
 	ff.register(cmd)
 	cmd.Flags().IntVar(&limit, "limit", defaultDLQListLimit, "list at most this many entries")
-	cmd.Flags().StringVar(&after, "after", "", "list entries after this dead-letter entry ID (paging)")
+	cmd.Flags().StringVar(&after, "after", "", "list entries after this dead-letter entry ID (with --partitions: after this position <entry ID>@<partition>), as the last page printed (paging)")
 	return cmd
 }
 
-func newDLQShowCmd(a *app) *cobra.Command {
+func newDLQShowCmd(a *app, partitions *int) *cobra.Command {
 	return &cobra.Command{
 		Use:   "show <stream> <dead-entry-id>",
 		Short: "Show one dead-letter entry: its raw fields in order and the decoded job",
-		Args:  cobra.ExactArgs(2),
+		Long: `show prints one dead-letter entry: its raw fields in order and the decoded job.
+With --partitions N, <stream> names the queue and the entry is found in
+whichever partition holds it, by its dead-letter entry ID or, for any other
+argument, by its job ID (the partition the job ID routes to is read first).`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := args[1]
-			if _, ok := stream.EntryTime(id); !ok || !strings.Contains(id, "-") {
+			_, isID := stream.EntryTime(id)
+			isID = isID && strings.Contains(id, "-")
+			if !isID && *partitions == 0 {
 				return fail(exitUsage, "invalid entry ID %q: want <ms>-<seq> such as 1700000000000-0", id)
 			}
-			d, _, closeFn, err := openDLQ(cmd.Context(), a, args[0])
+			d, err := openTarget(cmd.Context(), a, args[0], *partitions)
 			if err != nil {
 				return err
 			}
-			defer closeFn()
-			e, err := d.Get(cmd.Context(), id)
+			defer d.close()
+			var e dlq.Entry
+			if isID {
+				e, err = d.Get(cmd.Context(), id)
+			} else {
+				e, err = d.part.FindJob(cmd.Context(), id)
+			}
 			switch {
+			case errors.Is(err, dlq.ErrNotFound) && !isID:
+				return fail(exitNotFound, "no job %q in %s", id, d.dead)
 			case errors.Is(err, dlq.ErrNotFound):
-				return fail(exitNotFound, "no entry %s in %s", id, d.Stream())
+				return fail(exitNotFound, "no entry %s in %s", id, d.dead)
 			case err != nil && strings.Contains(err.Error(), "invalid stream entry ID"):
 				return fail(exitUsage, "%v", err)
 			case err != nil:
 				return err
 			}
 			if a.output == "json" {
-				return printJSON(a, toEntryJSON(e, true))
+				return printJSON(a, d.entryJSON(e, true))
 			}
 			w := a.out
-			fmt.Fprintf(w, "entry %s in %s\n\nfields:\n", e.ID, d.Stream())
+			fmt.Fprintf(w, "entry %s in %s\n\nfields:\n", e.ID, e.Stream)
 			t := newTable(a)
 			for _, f := range e.Fields {
 				v, enc := printable(f.Value)
@@ -553,9 +666,11 @@ func idemPrefix(flag, source string) (string, error) {
 }
 
 // forgetFailed returns a ReplayOptions.BeforeMove that deletes the failed
-// idempotency record of each job about to be replayed (prefix + its key),
-// and the count of records it deleted.
-func forgetFailed(rdb redis.UniversalClient, prefix string) (func(context.Context, dlq.Entry) error, *int) {
+// idempotency record of each job about to be replayed (prefix + its key,
+// the prefix flag or else the namespace of the stream the job goes back
+// to), and the count of records it deleted.
+func forgetFailed(d *target, flag string) (func(context.Context, dlq.Entry) error, *int) {
+	rdb := d.rdb
 	store := idem.NewRedisStore(rdb, idem.RedisConfig{})
 	n := new(int)
 	return func(ctx context.Context, e dlq.Entry) error {
@@ -565,6 +680,10 @@ func forgetFailed(rdb redis.UniversalClient, prefix string) (func(context.Contex
 		key := middleware.IdempotencyKey(e.Job, middleware.MissingUseJobID)
 		if key == "" {
 			return nil
+		}
+		prefix, err := idemPrefix(flag, d.sourceOf(e))
+		if err != nil {
+			return err
 		}
 		ok, err := store.Forget(ctx, prefix+key, idem.StatusFailed)
 		if err != nil {
@@ -585,7 +704,7 @@ func idemNote(forget bool, prefix string) string {
 	return fmt.Sprintf(", forgetting their failed idempotency records under %q", prefix)
 }
 
-func newDLQReplayCmd(a *app) *cobra.Command {
+func newDLQReplayCmd(a *app, partitions *int) *cobra.Command {
 	var ff filterFlags
 	var rate float64
 	var limit int
@@ -610,14 +729,16 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 			if prefixFlag != "" && !forget {
 				return fail(exitUsage, "--idempotency-prefix needs --forget-failed-idempotency")
 			}
-			d, rdb, closeFn, err := openDLQ(cmd.Context(), a, args[0])
+			d, err := openTarget(cmd.Context(), a, args[0], *partitions)
 			if err != nil {
 				return err
 			}
-			defer closeFn()
+			defer d.close()
 			prefix := ""
 			if forget {
-				if prefix, err = idemPrefix(prefixFlag, d.Source()); err != nil {
+				if d.part != nil && prefixFlag == "" {
+					prefix = "each partition's namespace ({<partition>}:idem:)"
+				} else if prefix, err = idemPrefix(prefixFlag, d.source); err != nil {
 					return fail(exitUsage, "%v", err)
 				}
 			}
@@ -633,15 +754,15 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 						ForgetFailedIdempotency: forget, IdempotencyPrefix: prefix})
 				}
 				if dryRun {
-					fmt.Fprintf(a.out, "would replay %d jobs from %s to %s%s%s\n", plan.Replayed, d.Stream(), d.Source(),
+					fmt.Fprintf(a.out, "would replay %d jobs from %s to %s%s%s\n", plan.Replayed, d.dead, d.source,
 						idemNote(forget, prefix), resumedNote(plan.Resumed))
 				} else {
-					fmt.Fprintf(a.out, "nothing to replay in %s\n", d.Stream())
+					fmt.Fprintf(a.out, "nothing to replay in %s\n", d.dead)
 				}
 				return nil
 			}
 			if err := confirm(cmd.Context(), a, fmt.Sprintf("Replay %d jobs from %s to %s at %s%s%s?",
-				plan.Replayed, d.Stream(), d.Source(), fmtRate(rate), idemNote(forget, prefix), resumedNote(plan.Resumed)),
+				plan.Replayed, d.dead, d.source, fmtRate(rate), idemNote(forget, prefix), resumedNote(plan.Resumed)),
 				"replay not confirmed: nothing replayed"); err != nil {
 				return err
 			}
@@ -653,7 +774,7 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 				forgotten  = new(int)
 			)
 			if forget {
-				beforeMove, forgotten = forgetFailed(rdb, prefix)
+				beforeMove, forgotten = forgetFailed(d, prefixFlag)
 			}
 			pg := newProgress(a, "replay", "jobs", plan.Replayed)
 			res, err := d.Replay(ctx, f, dlq.ReplayOptions{
@@ -681,7 +802,7 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 				fmt.Fprintf(a.errOut, "interrupted after replaying %d jobs; run the same command again to continue where it stopped\n%s\n", res.Replayed, idemLine)
 				return fail(exitInterrupted, "replay interrupted")
 			case errors.Is(err, dlq.ErrReplayActive):
-				return fail(exitRefused, "another replay of %s is running; wait for it to finish (or for its lease to expire if it crashed): %w", d.Stream(), err)
+				return fail(exitRefused, "another replay of %s is running; wait for it to finish (or for its lease to expire if it crashed): %w", d.dead, err)
 			case errors.Is(err, dlq.ErrLeaseLost):
 				fmt.Fprintln(a.errOut, idemLine)
 				return fail(exitError, "replay stopped after %d jobs: its lease was lost; run the same command again to continue: %w", res.Replayed, err)
@@ -699,7 +820,7 @@ func newDLQReplayCmd(a *app) *cobra.Command {
 					ForgetFailedIdempotency: forget, IdempotencyPrefix: prefix, Forgotten: *forgotten})
 			}
 			fmt.Fprintf(a.out, "replayed %d jobs from %s to %s in %s (%.1f/s)%s\n",
-				res.Replayed, d.Stream(), d.Source(), fmtDuration(res.Elapsed), r, resumedNote(res.Resumed))
+				res.Replayed, d.dead, d.source, fmtDuration(res.Elapsed), r, resumedNote(res.Resumed))
 			if res.Missing > 0 {
 				fmt.Fprintf(a.out, "%d entries were gone before their turn (purged or replayed elsewhere)\n", res.Missing)
 			}
@@ -746,7 +867,7 @@ type purgeJSON struct {
 	Deleted int  `json:"deleted"`
 }
 
-func newDLQPurgeCmd(a *app) *cobra.Command {
+func newDLQPurgeCmd(a *app, partitions *int) *cobra.Command {
 	var ff filterFlags
 	var dryRun bool
 	cmd := &cobra.Command{
@@ -761,11 +882,11 @@ Ctrl-C stops it with exit 130; what was deleted stays deleted.`,
 			if err != nil {
 				return err
 			}
-			d, _, closeFn, err := openDLQ(cmd.Context(), a, args[0])
+			d, err := openTarget(cmd.Context(), a, args[0], *partitions)
 			if err != nil {
 				return err
 			}
-			defer closeFn()
+			defer d.close()
 			n, err := d.Count(cmd.Context(), f)
 			if err != nil {
 				return err
@@ -775,15 +896,15 @@ Ctrl-C stops it with exit 130; what was deleted stays deleted.`,
 					return printJSON(a, purgeJSON{DryRun: dryRun, Deleted: n})
 				}
 				if dryRun {
-					fmt.Fprintf(a.out, "would delete %d entries from %s\n", n, d.Stream())
+					fmt.Fprintf(a.out, "would delete %d entries from %s\n", n, d.dead)
 				} else {
-					fmt.Fprintf(a.out, "nothing to delete in %s\n", d.Stream())
+					fmt.Fprintf(a.out, "nothing to delete in %s\n", d.dead)
 				}
 				return nil
 			}
-			q := fmt.Sprintf("Delete %d matching entries from %s?", n, d.Stream())
+			q := fmt.Sprintf("Delete %d matching entries from %s?", n, d.dead)
 			if len(ff.types)+len(ff.reasons) == 0 && ff.since == "" && ff.until == "" && ff.errText == "" {
-				q = fmt.Sprintf("Delete all %d entries from %s?", n, d.Stream())
+				q = fmt.Sprintf("Delete all %d entries from %s?", n, d.dead)
 			}
 			if err := confirm(cmd.Context(), a, q, "purge not confirmed: nothing deleted"); err != nil {
 				return err
@@ -806,7 +927,7 @@ Ctrl-C stops it with exit 130; what was deleted stays deleted.`,
 			if a.output == "json" {
 				return printJSON(a, purgeJSON{Deleted: deleted})
 			}
-			fmt.Fprintf(a.out, "deleted %d entries from %s\n", deleted, d.Stream())
+			fmt.Fprintf(a.out, "deleted %d entries from %s\n", deleted, d.dead)
 			return nil
 		},
 	}

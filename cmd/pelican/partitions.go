@@ -1,12 +1,8 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"sort"
-
-	"github.com/spf13/cobra"
 
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -162,85 +158,4 @@ func printPartitions(a *app, st streamStats) error {
 		t.Row(p.Stream, p.Length, p.Delayed, p.DeadLetters, pending, lag)
 	}
 	return t.Flush()
-}
-
-// partitionResult is one partition's output of a dlq command run with
-// --partitions, in --output json.
-type partitionResult struct {
-	Stream string          `json:"stream"`
-	Result json.RawMessage `json:"result"`
-}
-
-// perPartition wraps a dlq subcommand whose first argument is a stream:
-// with --partitions N (a flag of the dlq command), the argument names a
-// queue of N partitions and the subcommand runs on each partition in turn
-// (those that exist: the partition's stream or its dead-letter stream),
-// stopping at the first error. Tables get a "partition <stream>:" line
-// before each; --output json prints one array of {stream, result}. A
-// replay or purge asks for confirmation per partition, unless --yes.
-func perPartition(a *app, partitions *int, cmd *cobra.Command) *cobra.Command {
-	run := cmd.RunE
-	cmd.RunE = func(c *cobra.Command, args []string) error {
-		if *partitions == 0 {
-			return run(c, args)
-		}
-		parts, err := stream.Partitions(args[0], *partitions)
-		if err != nil {
-			return fail(exitUsage, "queue %q: %v", args[0], err)
-		}
-		rdb, err := a.connect(c.Context())
-		if err != nil {
-			return err
-		}
-		var present []string
-		for _, p := range parts {
-			keys, _ := stream.KeysFor(p)
-			for _, k := range []string{p, keys.Dead} {
-				ok, err := streamExists(c.Context(), rdb, k)
-				if err != nil {
-					_ = rdb.Close()
-					return err
-				}
-				if ok {
-					present = append(present, p)
-					break
-				}
-			}
-		}
-		_ = rdb.Close()
-		if len(present) == 0 {
-			return fail(exitNotFound, "unknown queue %q: none of its %d partitions exists", args[0], *partitions)
-		}
-		out := a.out
-		defer func() { a.out = out }()
-		var results []partitionResult
-		for _, p := range present {
-			var buf bytes.Buffer
-			a.out = &buf
-			err := run(c, append([]string{p}, args[1:]...))
-			if a.output == "json" {
-				raw := bytes.TrimSpace(buf.Bytes())
-				if !json.Valid(raw) {
-					raw = []byte("null")
-				}
-				results = append(results, partitionResult{Stream: p, Result: raw})
-			} else {
-				fmt.Fprintf(out, "partition %s:\n", p)
-				_, _ = out.Write(buf.Bytes())
-			}
-			if err != nil {
-				if a.output == "json" {
-					a.out = out
-					_ = printJSON(a, results)
-				}
-				return err
-			}
-		}
-		if a.output == "json" {
-			a.out = out
-			return printJSON(a, results)
-		}
-		return nil
-	}
-	return cmd
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -132,7 +133,7 @@ func TestDLQ_partitioned(t *testing.T) {
 	// Two dead jobs in partition 1, one in partition 3; 0 and 2 do not exist.
 	for i, p := range []string{parts[1], parts[1], parts[3]} {
 		keys, _ := stream.KeysFor(p)
-		must(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: keys.Dead, Values: []any{
+		must(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: keys.Dead, ID: strconv.Itoa(1000+i) + "-0", Values: []any{
 			"v", "1", "type", "t", "payload", "{}", "job_id", "j" + string(rune('0'+i)),
 			"dead_reason", "panic", "dead_error", "boom", "dead_at", "1700000000000", "dead_attempts", "1",
 			"dead_stream", p}}).Err())
@@ -143,19 +144,48 @@ func TestDLQ_partitioned(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("dlq ls: exit %d: %s", code, errOut)
 	}
-	var ls []struct {
-		Stream string      `json:"stream"`
-		Result []entryJSON `json:"result"`
-	}
+	var ls []entryJSON
 	if err := json.Unmarshal([]byte(out), &ls); err != nil {
 		t.Fatalf("bad json %v:\n%s", err, out)
 	}
-	if len(ls) != 2 || ls[0].Stream != parts[1] || len(ls[0].Result) != 2 || ls[1].Stream != parts[3] || len(ls[1].Result) != 1 {
+	deadOf := func(i int) string { k, _ := stream.KeysFor(parts[i]); return k.Dead }
+	wantPart := []int{1, 1, 3} // in the queue's order: by entry ID
+	if len(ls) != 3 {
 		t.Fatalf("dlq ls --partitions 4: %s", out)
 	}
+	for i, e := range ls {
+		if e.Partition == nil || *e.Partition != wantPart[i] || e.DeadLetterStream != deadOf(wantPart[i]) {
+			t.Fatalf("dlq ls --partitions 4: entry %d not in partition %d: %s", i, wantPart[i], out)
+		}
+	}
+	// --limit over the queue, --after a position.
+	out, errOut, code = runCLI(t, env, "", "dlq", "ls", queue, "--partitions", "4", "--limit", "2", "-o", "json")
+	want := "more entries: add --after " + ls[1].ID + "@1"
+	if code != 0 || strings.Count(out, `"id"`) != 2 || !strings.Contains(errOut, want) {
+		t.Fatalf("dlq ls --limit 2: exit %d, want 2 entries and %q:\n%s\n%s", code, want, out, errOut)
+	}
+	out, _, code = runCLI(t, env, "", "dlq", "ls", queue, "--partitions", "4", "--after", ls[1].ID+"@1", "-o", "json")
+	if code != 0 || strings.Count(out, `"id"`) != 1 || !strings.Contains(out, `"`+ls[2].ID+`"`) {
+		t.Fatalf("dlq ls --after: exit %d:\n%s", code, out)
+	}
+	if _, _, code := runCLI(t, env, "", "dlq", "ls", queue, "--partitions", "4", "--after", ls[1].ID); code != exitUsage {
+		t.Fatalf("dlq ls --after without a partition: exit %d, want %d", code, exitUsage)
+	}
 	out, _, code = runCLI(t, env, "", "dlq", "ls", queue, "--partitions", "4")
-	if code != 0 || !strings.Contains(out, "partition "+parts[3]+":") {
+	if code != 0 || !strings.Contains(out, "PARTITION") {
 		t.Fatalf("dlq ls table: exit %d\n%s", code, out)
+	}
+	// show by entry ID and by job ID, in whichever partition holds it.
+	out, _, code = runCLI(t, env, "", "dlq", "show", queue, ls[2].ID, "--partitions", "4")
+	if code != 0 || !strings.Contains(out, "in "+deadOf(3)) {
+		t.Fatalf("dlq show %s: exit %d\n%s", ls[2].ID, code, out)
+	}
+	out, _, code = runCLI(t, env, "", "dlq", "show", queue, "j2", "--partitions", "4", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"job_id": "j2"`) || !strings.Contains(out, `"partition": 3`) {
+		t.Fatalf("dlq show j2: exit %d\n%s", code, out)
+	}
+	if _, _, code := runCLI(t, env, "", "dlq", "show", queue, "nosuch", "--partitions", "4"); code != exitNotFound {
+		t.Fatalf("dlq show of an unknown job: exit %d, want %d", code, exitNotFound)
 	}
 
 	out, errOut, code = runCLI(t, env, "", "dlq", "replay", queue, "--partitions", "4", "--yes", "--rate", "0")
