@@ -588,19 +588,18 @@ func TestAttack14_rawEvalRecordFollowsJob(t *testing.T) {
 	script := a14Script(t)
 
 	cases := []struct {
-		name    string
-		id      string
-		fields  []string
-		finding string
+		name   string
+		id     string
+		fields []string
+		found  string // what this case found before the fix
 	}{
 		{"noJobIDField", "X", []string{"type", "t", "payload", "x", "track", "1"},
-			"FINDING: enqueue.lua takes a tracked job without a job_id field (its ID is then its entry ID) and writes a waiting record under the ARGV job ID that nothing ever rewrites or expires"},
+			"was: enqueue.lua takes a tracked job without a job_id field (its ID is then its entry ID) and writes a waiting record under the ARGV job ID that nothing ever rewrites or expires"},
 		{"trackThenUntrack", "Y", []string{"type", "t", "job_id", "Y", "track", "1", "track", "0"},
-			"FINDING: enqueue.lua treats fields \"track 1 track 0\" as tracked (requires and writes a waiting record) while the decoder sees the last value, untracked: the record is never rewritten nor expires"},
+			"was: enqueue.lua treats fields \"track 1 track 0\" as tracked (requires and writes a waiting record) while the decoder sees the last value, untracked: the record is never rewritten nor expires"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			t.Skip(c.finding)
 			name, k := a14Stream(t)
 			a14Cleanup(t, rdb, name)
 			rep, err := a14Eval(ctx, rdb, script, []string{name, stream.JobKey(k, c.id)}, []a14Job{{0, c.id, c.fields}})
@@ -965,7 +964,6 @@ func TestAttack14_replayTrackedDead(t *testing.T) {
 // record may still say waiting. A member without job_id (its ID is then its entry ID) is checked beside
 // it: its record, if any, must end done.
 func TestAttack14_promoteDuplicateTrackField(t *testing.T) {
-	t.Skip("FINDING: promote.lua writes a waiting record for a delayed member with \"track 1 track 0\" (decoded untracked): nothing ever rewrites or expires it")
 	rdb := redistest.Shared(t)
 	ctx := context.Background()
 	name, k := a14Stream(t)

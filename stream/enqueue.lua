@@ -19,7 +19,9 @@
 --            new entry ID, its own job ID and 0; a job whose marker existed
 --            adds nothing and has the first job's entry ID ("" while that job
 --            waits in the delayed set), the first job's ID and 1.
--- A job with the field track = "1" and a job ID gets its index record
+-- A job with the field track = "1" (the last value of a field counts, as
+-- for the decoder) must have a job_id field equal to its job id (else the
+-- call is refused, having written nothing) and gets its index record
 -- (stream/index.go), "waiting" with its entry ID, at {stream}:job:<job id>
 -- ("sha1:" and the ID's SHA-1 for an ID over 128 bytes). That key must be in
 -- KEYS: the script checks that each tracked job's record is declared and
@@ -42,9 +44,14 @@ for i = 1, n do
   if not k or not id or not m or k < 0 or k == 1 or k > #KEYS or m < 2 or m > 4000 or m % 2 ~= 0 or pos + 2 + m > #ARGV then
     return redis.error_reply('ERR enqueue.lua: job ' .. i .. ' is not "marker job-id m values..."')
   end
-  local track = false
+  -- The last value of a field counts, as for the decoder (stream.Decode).
+  local track, field_id = false, nil
   for f = pos + 3, pos + 2 + m, 2 do
-    if ARGV[f] == 'track' and ARGV[f + 1] == '1' then track = true end
+    if ARGV[f] == 'track' then track = ARGV[f + 1] == '1'
+    elseif ARGV[f] == 'job_id' then field_id = ARGV[f + 1] end
+  end
+  if track and (id == '' or field_id ~= id) then
+    return redis.error_reply('ERR enqueue.lua: job ' .. i .. ' is tracked but its job_id field is missing or is not its job id')
   end
   jobs[i] = {k, id, pos + 3, pos + 2 + m, track}
   pos = pos + 3 + m
@@ -65,7 +72,7 @@ end
 local declared = {}
 for k = 2, #KEYS do declared[KEYS[k]] = true end
 for i, j in ipairs(jobs) do
-  if j[5] and j[2] ~= '' then
+  if j[5] then
     local key = prefix .. j[2]
     if #j[2] > 128 then key = prefix .. 'sha1:' .. redis.sha1hex(j[2]) end
     if not declared[key] then

@@ -60,7 +60,8 @@ end
 local function record(f)
   local on, id = false, nil
   for k = 1, #f, 2 do
-    if f[k] == 'track' and f[k + 1] == '1' then on = true
+    -- The last value of a field counts, as for the decoder (stream.Decode).
+    if f[k] == 'track' then on = f[k + 1] == '1'
     elseif f[k] == 'job_id' then id = f[k + 1] end
   end
   if not on or not id or id == '' then return nil end
