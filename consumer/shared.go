@@ -73,6 +73,7 @@ type readReq struct {
 	count     int64
 	deadline  time.Time
 	cancelled bool // guarded by the reader's mu
+	skipped   bool // left out of the last read for its small room; guarded by mu
 	res       []redis.XStream
 	err       error
 	done      chan struct{}
@@ -197,7 +198,7 @@ func (s *sharedReader) loop() {
 			s.mu.Unlock()
 			continue
 		}
-		flight := append([]*readReq(nil), s.pending...)
+		flight, skipped := pickFlight(s.pending)
 		streams := make([]string, 0, 2*len(flight))
 		count, end := flight[0].count, flight[0].deadline
 		for _, r := range flight {
@@ -213,6 +214,9 @@ func (s *sharedReader) loop() {
 		block := max(time.Until(end), time.Millisecond)
 		if s.members > 1 && !s.unblockable.Load() {
 			block = min(block, sharedFallbackBlock)
+		}
+		if skipped {
+			block = -1 // no BLOCK: the requests left out are read next
 		}
 		s.flight, s.end, s.stale = flight, time.Now().Add(block), false
 		s.mu.Unlock()
@@ -374,4 +378,29 @@ func namedStream(err error, flight []*readReq) *readReq {
 		}
 	}
 	return nil
+}
+
+// pickFlight returns the requests of pending that the next read serves, and
+// whether some were left out. COUNT is one value for every stream of a
+// read, and no queue may take more than its room, so a queue with little
+// room would cut the batches of one with much: a request under half the
+// largest room is left out of this read (which then must not block) and
+// goes in the next one, whatever its room. So each queue is read at least
+// every other read, and a queue with much room gets at least half of it.
+// Call it with the reader's mu held.
+func pickFlight(pending []*readReq) (flight []*readReq, skipped bool) {
+	var most int64
+	for _, r := range pending {
+		most = max(most, r.count)
+	}
+	flight = make([]*readReq, 0, len(pending))
+	for _, r := range pending {
+		if r.count*2 >= most || r.skipped {
+			r.skipped = false
+			flight = append(flight, r)
+		} else {
+			r.skipped, skipped = true, true
+		}
+	}
+	return flight, skipped
 }
