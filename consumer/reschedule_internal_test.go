@@ -75,7 +75,7 @@ func (h *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return ne
 func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if args := cmd.Args(); len(args) > 1 && (args[0] == "evalsha" || args[0] == "eval") {
-			if s, _ := args[1].(string); s == h.sha || s == retryLua {
+			if s, _ := args[1].(string); s == h.sha || s == idsLua+retryLua {
 				h.n.Add(1)
 			}
 		}

@@ -24,8 +24,12 @@ var (
 	//go:embed dead.lua
 	deadLua string
 
-	ackScript   = redis.NewScript(ackLua)
-	retryScript = redis.NewScript(retryLua)
+	//go:embed ids.lua
+	idsLua string
+
+	// ack.lua and retry.lua use the helpers of ids.lua, put in front.
+	ackScript   = redis.NewScript(idsLua + ackLua)
+	retryScript = redis.NewScript(idsLua + retryLua)
 	deadScript  = redis.NewScript(deadLua)
 )
 
@@ -233,21 +237,12 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 		}
 		c.mu.Unlock()
 	}()
-	lo, hi := "", ""
-	for i, id := range ids {
-		if i == 0 || stream.CompareIDs(id, lo) < 0 {
-			lo = id
-		}
-		if i == 0 || stream.CompareIDs(id, hi) > 0 {
-			hi = id
-		}
-	}
 	del := "0"
 	if trim {
 		del = "1"
 	}
-	args := make([]any, 0, 8+len(tracked)+len(ids)+len(forget))
-	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), lo, hi, len(keys)-1, c.r.TrackTTL.Milliseconds())
+	args := make([]any, 0, 6+len(tracked)+len(ids)+len(forget))
+	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), len(keys)-1, c.r.TrackTTL.Milliseconds())
 	args = append(args, tracked...)
 	for _, id := range ids {
 		args = append(args, id)
@@ -328,97 +323,6 @@ func (c *Consumer) logDone(ids []string, stale []string) {
 			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job done", c.entryAttrs(id, "", "")...)
 		}
 	}
-}
-
-// settle applies dec, a retry, snooze or dead-letter decision of [Decide],
-// to the job of d, and reports whether it rescheduled the job. job is nil
-// for an entry that did not decode.
-func (c *Consumer) settle(ctx context.Context, job *stream.Job, d delivery, dec Decision) (rescheduled bool) {
-	switch dec.Kind {
-	case KindDead:
-		c.settleDead(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
-	case KindRetry, KindSnooze:
-		return c.settleRetry(ctx, job, d, dec)
-	}
-	return false
-}
-
-// settleRetry schedules the job's next attempt (or, for a snooze, its next
-// run) after dec.Delay, and reports whether it rescheduled the job. A
-// suspect's next entry stays a suspect.
-func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delivery, dec Decision) bool {
-	count, delay, err := dec.Kind == KindRetry, dec.Delay, dec.Err
-	next := *job
-	if t := taskOf(jobCtx); t != nil && t.suspect {
-		next.Suspect = true
-	}
-	if count {
-		next.Attempt++
-		next.LastError, next.ErrorHistory = withError(job, c.errorText(job, errText(err)))
-		if next.FirstFailedAt.IsZero() {
-			next.FirstFailedAt = time.Now()
-		}
-	}
-	fields := stream.Encode(&next)
-	// retry.lua compares the delay in ms: a positive delay under 1 ms is no
-	// delay, and must come with the fields of the entry to add at once.
-	args := []any{d.id, delay.Milliseconds()}
-	size := 0
-	if delay.Milliseconds() > 0 {
-		member := stream.EncodeDelayed(d.id, fields)
-		args = append(args, member, 0)
-		size = len(member)
-	} else {
-		args = append(args, "", len(fields))
-		args = append(args, fields...)
-		for _, f := range fields {
-			switch v := f.(type) {
-			case string:
-				size += len(v)
-			case []byte:
-				size += len(v)
-			}
-		}
-	}
-	index, recorded := "", ""
-	if job.Track && job.ID != "" {
-		index = stream.JobKey(c.r.keys, job.ID)
-		if err != nil {
-			recorded = c.errorText(job, errText(err))
-		}
-	}
-	res, serr := c.reschedule(args, size, index, recorded)
-	kind := errKindRetryable
-	switch {
-	case !count:
-		kind = errKindSnooze
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(context.Cause(jobCtx), context.DeadlineExceeded):
-		kind = errKindTimeout
-	}
-	ran := taskOf(jobCtx).handlerTime()
-	switch {
-	case serr != nil:
-		attrs := append(c.jobAttrs(d.id, job, ran, kind, ""), slog.String("job_error", c.errorText(job, errText(err))))
-		c.errLog.error("scheduling a retry failed; the job stays pending and will run again", serr, anys(attrs)...)
-	case res == int64(-1):
-		c.stats.stale.Add(1)
-		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "failed job was no longer owned by this consumer; not rescheduled here",
-			c.jobAttrs(d.id, job, ran, errKindLeaseLost, errText(err))...)
-	case !count:
-		c.forgetSettled(d.id)
-		c.stats.snoozed.Add(1)
-		// A snooze is not a failure: Debug only.
-		if c.r.Logger.Enabled(c.base, slog.LevelDebug) {
-			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job snoozed; rescheduled",
-				append(c.jobAttrs(d.id, job, ran, kind, errText(err)), slog.Int64("delay_ms", delay.Milliseconds()))...)
-		}
-	default:
-		c.forgetSettled(d.id)
-		c.stats.retried.Add(1)
-		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job failed; retry scheduled",
-			append(c.jobAttrs(d.id, job, ran, kind, errText(err)), slog.Int64("delay_ms", delay.Milliseconds()))...)
-	}
-	return true
 }
 
 // settleDead dead-letters entry id, with Config.RedactDeadLetter's field

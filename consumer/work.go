@@ -278,7 +278,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		if job == nil {
 			dec.Attempt = d.deliveries
 		}
-		c.settle(ctx, job, d, dec)
+		c.settleDead(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
 		c.mu.Lock()
 		delete(c.inflight, t.id)
 		c.mu.Unlock()
@@ -327,10 +327,13 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		// acknowledged it, so that this consumer's own sweep cannot start
 		// it again in between.
 		forget = !c.queueAck(c.ackOf(t, job))
-	default:
-		if c.settle(ctx, job, d, dec) {
+	case dec.Kind == KindRetry || dec.Kind == KindSnooze:
+		forget = false // the retry loop does, once it has run the job's batch
+		if c.reschedule(c.retryRequest(ctx, job, d, dec)) {
 			return endRescheduled
 		}
+	case dec.Kind == KindDead:
+		c.settleDead(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
 	}
 	return endSettled
 }
