@@ -90,7 +90,9 @@ type Config struct {
 	// Logger receives the consumer's logs. A successful job is logged only at
 	// Debug ("job done"), failures at Warn (retry scheduled, lease lost, stale
 	// settlement) or Error (dead-lettered, lost), and failed Redis commands at
-	// Error at most once per 10s. Every record about one job has these
+	// Error at most once per 10s. "job failed; retry scheduled" is logged at
+	// most once a second (with suppressed_retries, the number held back
+	// since) unless the logger takes Debug: then for every retry. Every record about one job has these
 	// attributes, "" or 0 when unknown (an entry that did not decode has no
 	// job values but its entry_id): stream, group, consumer, entry_id, job_id,
 	// job_type, idempotency_key, attempt (earlier attempts), lock_key,

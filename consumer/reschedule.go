@@ -48,6 +48,8 @@ type retryReq struct {
 	count bool
 	// done, when not nil, receives the outcome: the caller waits for it.
 	done chan bool
+	// room: the job's place in the workers' queue, freed once settled.
+	room bool
 }
 
 // retryLoop runs the batches until stop is closed and nothing is queued.
@@ -136,6 +138,9 @@ func (c *Consumer) rescheduled(r *retryReq, v any, err error) bool {
 	c.mu.Lock()
 	delete(c.inflight, r.id)
 	c.mu.Unlock()
+	if r.room {
+		c.freeRoom(1)
+	}
 	switch {
 	case err != nil:
 		attrs := append(c.jobAttrs(r.id, r.job, r.ran, r.kind, ""), slog.String("job_error", r.msg))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -110,7 +111,9 @@ func TestConsumer_staleSettlesNothing(t *testing.T) {
 					want.DeadLettered++
 				}
 			}
-			settled := func(s consumer.Stats) [5]uint64 { return [5]uint64{s.Stale, s.Acked, s.Retried, s.Snoozed, s.DeadLettered} }
+			settled := func(s consumer.Stats) [5]uint64 {
+				return [5]uint64{s.Stale, s.Acked, s.Retried, s.Snoozed, s.DeadLettered}
+			}
 			poll.Until(t, 30*time.Second, func() (bool, string) {
 				st := c.Stats()
 				return settled(st) == settled(want), fmt.Sprintf("stats %+v; want stale, acked, retried, snoozed, dead %v", st, settled(want))
@@ -139,6 +142,58 @@ func TestConsumer_staleSettlesNothing(t *testing.T) {
 				if len(rdb.XRange(ctx, q, id, id).Val()) != 1 {
 					t.Errorf("b's entry %s was deleted", id)
 				}
+			}
+		})
+	}
+}
+
+// The Warn record of a retry is logged at most once a second, and counts
+// the ones held back (suppressed_retries): every retry is accounted for,
+// with no record per retry. With Debug on, every retry has its record.
+// Against real Redis.
+func TestConsumer_retryLogRateLimited(t *testing.T) {
+	t.Parallel()
+	for _, level := range []slog.Level{slog.LevelWarn, slog.LevelDebug} {
+		t.Run(level.String(), func(t *testing.T) {
+			t.Parallel()
+			rdb := redistest.Shared(t)
+			q := "{" + redistest.Prefix(t, rdb) + "}q"
+			const n = 50
+			jobs := make([]*stream.Job, n)
+			for i := range jobs {
+				jobs[i] = &stream.Job{Type: "t", Payload: []byte("{}")}
+			}
+			if _, err := stream.NewProducer(rdb, stream.ProducerConfig{Stream: q}).EnqueueBatch(context.Background(), jobs); err != nil {
+				t.Fatal(err)
+			}
+			logger, logs := newCapture(level)
+			began := time.Now()
+			c := consumer.New(rdb, consumer.Config{Stream: q, Group: "g", Concurrency: 10, Logger: logger}).
+				Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error {
+					return consumer.Retry(time.Hour, errors.New("later"))
+				}))
+			r := start(t, c)
+			waitFor(t, 30*time.Second, "every job retried", func() bool { return c.Stats().Retried == n })
+			took := time.Since(began)
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			recs := logs.withMsg("job failed; retry scheduled")
+			counted := len(recs)
+			for _, rec := range recs {
+				if v, ok := rec.attrs["suppressed_retries"]; ok {
+					counted += int(v.Int64())
+				}
+			}
+			if level == slog.LevelDebug {
+				if len(recs) != n {
+					t.Errorf("%d retry records with Debug on; want %d", len(recs), n)
+				}
+				return
+			}
+			// The last held back are counted only by a later record.
+			if max := 1 + int(took/time.Second); len(recs) > max || counted > n || len(recs) == 0 {
+				t.Errorf("%d retry records (counting %d retries) for %d retries in %v; want 1 to %d", len(recs), counted, n, took, max)
 			}
 		})
 	}
