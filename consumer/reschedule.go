@@ -50,6 +50,8 @@ type retryReq struct {
 	done chan bool
 	// room: the job's place in the workers' queue, freed once settled.
 	room bool
+	// dead, when not nil, makes this a dead letter (dead.lua), not a retry.
+	dead *deadReq
 }
 
 // retryLoop runs the batches until stop is closed and nothing is queued.
@@ -89,8 +91,24 @@ fill:
 	c.runRetries(batch)
 }
 
-// runRetries runs one retry script for batch, and settles each job.
-func (c *Consumer) runRetries(batch []*retryReq) {
+// runRetries runs one retry script for the retries and snoozes of batch,
+// and one dead-letter script for its dead letters (see runDeads), and
+// settles each job.
+func (c *Consumer) runRetries(all []*retryReq) {
+	var batch, dead []*retryReq
+	for _, r := range all {
+		if r.dead != nil {
+			dead = append(dead, r)
+		} else {
+			batch = append(batch, r)
+		}
+	}
+	if len(dead) > 0 {
+		c.runDeads(dead)
+	}
+	if len(batch) == 0 {
+		return
+	}
 	keys, args := c.retryArgs(batch)
 	ctx, cancel := c.settleContext()
 	res, err := retryScript.Run(ctx, c.rdb, keys, args...).Slice()

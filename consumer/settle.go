@@ -3,13 +3,10 @@ package consumer
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/pelicanqueue/pelican/stream"
@@ -27,10 +24,10 @@ var (
 	//go:embed ids.lua
 	idsLua string
 
-	// ack.lua and retry.lua use the helpers of ids.lua, put in front.
+	// The settlement scripts use the helpers of ids.lua, put in front.
 	ackScript   = redis.NewScript(idsLua + ackLua)
 	retryScript = redis.NewScript(idsLua + retryLua)
-	deadScript  = redis.NewScript(deadLua)
+	deadScript  = redis.NewScript(idsLua + deadLua)
 )
 
 // maxAckBatch is the most entry IDs one ack script acknowledges.
@@ -322,90 +319,6 @@ func (c *Consumer) logDone(ids []string, stale []string) {
 		if !slices.Contains(stale, id) {
 			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job done", c.entryAttrs(id, "", "")...)
 		}
-	}
-}
-
-// settleDead dead-letters entry id, with Config.RedactDeadLetter's field
-// values and then Config.OnDeadLetter. job is nil for an entry that did not
-// decode.
-func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[string]any, reason string, cause error, attempts int, job *stream.Job) {
-	msg := errText(cause)
-	stored := c.errorText(job, msg) // what dead_error holds
-	info := DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream, DeadLetterStream: c.r.DeadLetterStream,
-		Reason: reason, Error: stored, Attempts: attempts}
-	set := make(map[string]string)
-	if job != nil && msg != "" {
-		// The record carries the final error, as a retry would (the
-		// handler's own, without the "attempt n of m" of dead_error).
-		final := msg
-		var ex *exhaustedError
-		if errors.As(cause, &ex) {
-			final = errText(ex.err)
-		}
-		last, history := withError(job, c.errorText(job, final))
-		set[stream.FieldLastError] = last
-		b, _ := json.Marshal(history)
-		set[stream.FieldErrorHistory] = string(b)
-	}
-	if c.r.RedactDeadLetter != nil && job != nil {
-		for k, v := range c.r.RedactDeadLetter(job) {
-			if _, ok := fields[k]; ok { // a replacement, never a new field
-				set[k] = v
-			}
-		}
-	}
-	mode := "copy"
-	if de := (*stream.DecodeError)(nil); errors.As(cause, &de) && de.Size > 0 {
-		// Over the size limit: recorded cut short, from what the consumer
-		// read; copying it whole would hold several copies of it in Redis.
-		mode, fields = "record:"+strconv.Itoa(de.Size), cutShort(fields)
-	}
-	args := make([]any, 0, 10+2*len(set))
-	args = append(args, c.r.Group, c.r.Consumer, id, reason, stored, attempts, c.r.DeadLetterMaxLen, mode, 2*len(set), c.r.TrackTTL.Milliseconds())
-	for _, k := range slices.Sorted(maps.Keys(set)) {
-		args = append(args, k, set[k])
-	}
-	if mode != "copy" {
-		args = appendFields(args, fields)
-	}
-	ctx, cancel := c.settleContext()
-	defer cancel()
-	keys := []string{c.r.Stream, c.r.DeadLetterStream}
-	if job != nil && job.Track && job.ID != "" {
-		keys = append(keys, stream.JobKey(c.r.keys, job.ID))
-	}
-	res, err := deadScript.Run(ctx, c.rdb, keys, args...).Result()
-	if err == nil && res == int64(-2) {
-		// Trimmed from the stream while pending: record what was read. Only
-		// then do the fields travel back to Redis.
-		res, err = deadScript.Run(ctx, c.rdb, keys, appendFields(args, fields)...).Result()
-	}
-	kind, ran := deadKind(reason), taskOf(jobCtx).handlerTime()
-	if err != nil {
-		attrs := append(c.jobAttrs(id, job, ran, kind, ""), slog.String("dead_reason", reason), slog.String("job_error", stored))
-		c.errLog.error("dead-lettering failed; the job stays pending and will be delivered again", err, anys(attrs)...)
-		return
-	}
-	reply, _ := res.([]any)
-	if len(reply) != 2 {
-		c.stats.stale.Add(1)
-		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job to dead-letter was no longer owned by this consumer; not dead-lettered here",
-			append(c.jobAttrs(id, job, ran, errKindLeaseLost, msg), slog.String("dead_reason", reason))...)
-		return
-	}
-	info.DeadEntryID, _ = reply[0].(string)
-	c.forgetSettled(id)
-	c.stats.dead.Add(1)
-	c.r.Logger.LogAttrs(c.base, slog.LevelError, "job dead-lettered", append(c.jobAttrs(id, job, ran, kind, msg),
-		slog.String("dead_reason", reason), slog.String("dead_letter_stream", c.r.DeadLetterStream), slog.String("dead_entry_id", info.DeadEntryID))...)
-	if trimmed, _ := reply[1].(int64); trimmed > 0 {
-		c.stats.deadTrimmed.Add(uint64(trimmed))
-		c.r.Logger.Warn("the dead-letter stream is over Config.DeadLetterMaxLen: its oldest entries were removed",
-			"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer,
-			"dead_letter_stream", c.r.DeadLetterStream, "removed", trimmed, "max_len", c.r.DeadLetterMaxLen)
-	}
-	if c.r.OnDeadLetter != nil {
-		c.r.OnDeadLetter(context.WithoutCancel(jobCtx), info)
 	}
 }
 

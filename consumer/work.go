@@ -289,10 +289,9 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		if job == nil {
 			dec.Attempt = d.deliveries
 		}
-		c.settleDead(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
-		c.mu.Lock()
-		delete(c.inflight, t.id)
-		c.mu.Unlock()
+		r := c.deadRequest(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
+		r.room, t.room = t.room, false
+		c.settleDead(ctx, r, t.suspect) // the retry loop leaves the in-flight set
 		return endSettled
 	}
 	var stop context.CancelFunc = func() {}
@@ -346,7 +345,10 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 			return endRescheduled
 		}
 	case dec.Kind == KindDead:
-		c.settleDead(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
+		forget = false // the retry loop does, once it has run the job's batch
+		r := c.deadRequest(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
+		r.room, t.room = t.room, false
+		c.settleDead(ctx, r, t.suspect)
 	}
 	return endSettled
 }
