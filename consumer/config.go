@@ -56,7 +56,8 @@ type Config struct {
 	DeadLetterStream string
 	// DeadLetterMaxLen, when positive, bounds the dead-letter stream to this
 	// many entries, exactly (MAXLEN =, so that a small bound holds too): each
-	// dead-lettering trims the oldest beyond it, and the number removed is
+	// batch of dead letters (one script) trims the oldest beyond it once its
+	// entries are added, and the number removed is
 	// logged and counted (Stats.DeadTrimmed), never dropped silently.
 	// Defaults to 0: unbounded.
 	DeadLetterMaxLen int64
@@ -141,7 +142,8 @@ type Config struct {
 	// middleware on the last attempt, the consumer for a malformed or
 	// crashed entry), with d.DeadEntryID set: for alerting. ctx carries the
 	// job's context values but is not cancelled with it. It runs in the
-	// job's worker slot: keep it short, or hand the work off. Defaults to
+	// job's worker slot, which waits for the job's batch of dead letters
+	// when it is set: keep it short, or hand the work off. Defaults to
 	// nil.
 	OnDeadLetter func(ctx context.Context, d DeadLetter)
 	// Panic is what a handler's panic does to its job. The consumer
