@@ -281,3 +281,79 @@ func (s *scenario) enqueueJSON(n int, v any) []string {
 	}
 	return out
 }
+
+// A stale worker cannot dead-letter a reclaimed job: worker a is stopped
+// (SIGSTOP) with dead letters queued, b reclaims and dead-letters them, and
+// once a continues, its queued batches run and settle none of them: each
+// job has one dead letter, written by b.
+func TestSettle_staleWorkerQueuedDeadLetters(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t, nil, "")
+	const per = 200
+	ids := s.enqueueJSON(per, settleKind{Kind: "dead"})
+	a := startSettleWorker(t, s, "a", 300*time.Millisecond)
+	ctx := context.Background()
+	var begunAtStop int
+	eventually(t, 60*time.Second, func() (bool, string) {
+		led := settleLedger(t, s.ledger)
+		written := s.rdb.XLen(ctx, s.keys.Dead).Val()
+		if led.begun["dead"] < 1 || int64(led.returned["dead"]) < written+20 {
+			return false, fmt.Sprintf("%d dead letters returned, %d written", led.returned["dead"], written)
+		}
+		a.stop()
+		written = s.rdb.XLen(ctx, s.keys.Dead).Val()
+		led = settleLedger(t, s.ledger)
+		if int64(led.returned["dead"]) <= written {
+			t.Fatalf("precondition: %d dead letters returned from their handlers, %d written: none was queued at the stop", led.returned["dead"], written)
+		}
+		begunAtStop = led.begun["dead"]
+		t.Logf("stopped a: %d dead letters returned, %d written", led.returned["dead"], written)
+		return true, ""
+	})
+	startSettleWorker(t, s, "b", 0)
+	eventually(t, 60*time.Second, func() (bool, string) {
+		p := s.rdb.XPending(ctx, s.stream, "g").Val()
+		d := s.rdb.XLen(ctx, s.keys.Dead).Val()
+		return p != nil && p.Count == 0 && d == per, fmt.Sprintf("pending %+v, dead %d (want %d)", p, d, per)
+	})
+	a.cont()
+	// a's queued batches run: wait for one more dead-letter script than
+	// had begun at the stop, and for every one begun to end.
+	eventually(t, 60*time.Second, func() (bool, string) {
+		var begun, ended int
+		for _, line := range ledgerLines(t, s.ledger) {
+			switch line {
+			case "settle dead begin":
+				begun++
+			case "settle dead end":
+				ended++
+			}
+		}
+		return begun > begunAtStop && begun == ended, fmt.Sprintf("%d dead-letter scripts begun (%d at the stop), %d ended", begun, begunAtStop, ended)
+	})
+	a.term()
+	if err := a.wait(30 * time.Second); err != nil {
+		t.Errorf("a: %v", err)
+	}
+	dead := map[string]string{}
+	for _, e := range s.dead() {
+		id, _ := e.Values[stream.FieldJobID].(string)
+		if by, ok := dead[id]; ok {
+			t.Errorf("job %s dead-lettered twice (by %s and %v)", id, by, e.Values["dead_consumer"])
+		}
+		dead[id], _ = e.Values["dead_consumer"].(string)
+	}
+	byB := 0
+	for _, id := range ids {
+		if dead[id] == "" {
+			t.Errorf("job %s not dead-lettered", id)
+		}
+		if dead[id] == "b" {
+			byB++
+		}
+	}
+	t.Logf("%d jobs dead-lettered once each, %d of them by b", len(dead), byB)
+	if byB == 0 {
+		t.Error("b dead-lettered none: a's queued dead letters were not reclaimed")
+	}
+}
