@@ -5,23 +5,21 @@
 -- ARGV[2]  consumer
 -- ARGV[3]  "1": delete settled entries that every group has settled; "0": keep them
 -- ARGV[4]  n: the number of entry IDs to acknowledge
--- ARGV[5]  the lowest of those IDs ("" when n is 0)
--- ARGV[6]  the highest of those IDs ("" when n is 0)
 -- KEYS[2..1+t]  the index records of the tracked jobs among them
 --               ({stream}:job:<job id>, stream/index.go)
--- ARGV[7]  t: the number of tracked jobs
--- ARGV[8]  the time to live of a done job's record, ms
--- ARGV[9..8+3t] for each tracked job, in KEYS order: its entry ID, the
+-- ARGV[5]  t: the number of tracked jobs
+-- ARGV[6]  the time to live of a done job's record, ms
+-- ARGV[7..6+3t] for each tracked job, in KEYS order: its entry ID, the
 --               state of its record ("done", or "cancelled" for a job
 --               cancelled by an operator) and the result its handler
 --               recorded ("" for none)
--- then, from b = 9+3t:
+-- then, from b = 7+3t:
 -- ARGV[b..b-1+n]  entry IDs to acknowledge (finished jobs)
 -- ARGV[b+n..]   entry IDs this consumer has already settled with another script
 --               (retry, dead-letter): only to be deleted
 -- Returns  {acked, {id owned by another consumer, ...}, {id no longer pending, ...}, deleted}
 -- A tracked job this call acknowledges gets its record "done" (or
--- "cancelled"), with the time and its result, for ARGV[8] ms: that SET comes after the XACK, so it
+-- "cancelled"), with the time and its result, for ARGV[6] ms: that SET comes after the XACK, so it
 -- needs no room under maxmemory (see below).
 -- XACK itself is not consumer-scoped: a stale worker whose job was reclaimed
 -- would acknowledge the new owner's delivery. One ranged XPENDING over the
@@ -38,48 +36,20 @@
 -- Redis is over maxmemory (the records of tracked jobs are written after the
 -- XACK, and Redis lets a script that has written go on).
 
--- IDs are compared and stepped as decimal strings, never as Lua numbers: a
--- double cannot hold every 64-bit part of an ID.
-local function lessnum(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
-local function less(a, b)
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  if am ~= bm then return lessnum(am, bm) end
-  return lessnum(as, bs)
-end
-local function incr(s)
-  for i = #s, 1, -1 do
-    local d = string.byte(s, i) - 48
-    if d < 9 then return string.sub(s, 1, i - 1) .. string.char(d + 49) .. string.rep('0', #s - i) end
-  end
-  return '1' .. string.rep('0', #s)
-end
-local function after(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  if seq == '18446744073709551615' then return incr(ms) .. '-0' end
-  return ms .. '-' .. incr(seq)
-end
+-- less, after and mine come from ids.lua, put in front of this script.
 
-local n, t = tonumber(ARGV[4]), tonumber(ARGV[7])
-local b = 9 + 3 * t
+local n, t = tonumber(ARGV[4]), tonumber(ARGV[5])
+local b = 7 + 3 * t
 local want = {}
 for i = b, b - 1 + n do want[ARGV[i]] = true end
 local owned, acked = {}, 0
 if n > 0 then
-  local start, last = ARGV[5], ARGV[6]
-  while true do
-    local p = redis.call('XPENDING', KEYS[1], ARGV[1], start, last, 1000, ARGV[2])
-    for _, e in ipairs(p) do
-      if want[e[1]] then
-        owned[#owned + 1] = e[1]
-        want[e[1]] = nil
-      end
+  local got = mine(KEYS[1], ARGV[1], ARGV[2], want)
+  for i = b, b - 1 + n do
+    if got[ARGV[i]] and want[ARGV[i]] then
+      owned[#owned + 1] = ARGV[i]
+      want[ARGV[i]] = nil
     end
-    if #p < 1000 or p[#p][1] == last then break end
-    start = after(p[#p][1])
   end
 end
 local stale, gone = {}, {}
@@ -97,14 +67,14 @@ if t > 0 and redis.acl_check_cmd and not redis.acl_check_cmd('SET', KEYS[2], 'v'
 end
 if #owned > 0 then acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(owned)) end
 if t > 0 and #owned > 0 then
-  local mine = {}
-  for _, id in ipairs(owned) do mine[id] = true end
+  local ours = {}
+  for _, id in ipairs(owned) do ours[id] = true end
   local tm = redis.call('TIME')
   local now = string.format('%.0f', tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000))
   for k = 1, t do
-    local id, st, res = ARGV[6 + 3 * k], ARGV[7 + 3 * k], ARGV[8 + 3 * k]
-    if mine[id] then
-      redis.call('SET', KEYS[1 + k], #st .. ':' .. st .. '0:0:' .. #now .. ':' .. now .. '0:' .. #res .. ':' .. res, 'PX', ARGV[8])
+    local id, st, res = ARGV[4 + 3 * k], ARGV[5 + 3 * k], ARGV[6 + 3 * k]
+    if ours[id] then
+      redis.call('SET', KEYS[1 + k], #st .. ':' .. st .. '0:0:' .. #now .. ':' .. now .. '0:' .. #res .. ':' .. res, 'PX', ARGV[6])
     end
   end
 end

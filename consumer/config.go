@@ -56,7 +56,8 @@ type Config struct {
 	DeadLetterStream string
 	// DeadLetterMaxLen, when positive, bounds the dead-letter stream to this
 	// many entries, exactly (MAXLEN =, so that a small bound holds too): each
-	// dead-lettering trims the oldest beyond it, and the number removed is
+	// batch of dead letters (one script) trims the oldest beyond it once its
+	// entries are added, and the number removed is
 	// logged and counted (Stats.DeadTrimmed), never dropped silently.
 	// Defaults to 0: unbounded.
 	DeadLetterMaxLen int64
@@ -90,7 +91,9 @@ type Config struct {
 	// Logger receives the consumer's logs. A successful job is logged only at
 	// Debug ("job done"), failures at Warn (retry scheduled, lease lost, stale
 	// settlement) or Error (dead-lettered, lost), and failed Redis commands at
-	// Error at most once per 10s. Every record about one job has these
+	// Error at most once per 10s. "job failed; retry scheduled" is logged at
+	// most once a second (with suppressed_retries, the number held back
+	// since) unless the logger takes Debug: then for every retry. Every record about one job has these
 	// attributes, "" or 0 when unknown (an entry that did not decode has no
 	// job values but its entry_id): stream, group, consumer, entry_id, job_id,
 	// job_type, idempotency_key, attempt (earlier attempts), lock_key,
@@ -139,7 +142,8 @@ type Config struct {
 	// middleware on the last attempt, the consumer for a malformed or
 	// crashed entry), with d.DeadEntryID set: for alerting. ctx carries the
 	// job's context values but is not cancelled with it. It runs in the
-	// job's worker slot: keep it short, or hand the work off. Defaults to
+	// job's worker slot, which waits for the job's batch of dead letters
+	// when it is set: keep it short, or hand the work off. Defaults to
 	// nil.
 	OnDeadLetter func(ctx context.Context, d DeadLetter)
 	// Panic is what a handler's panic does to its job. The consumer

@@ -45,10 +45,11 @@ type Consumer struct {
 	ready     chan *task      // fresh jobs queued for the workers
 	base      context.Context // parent of the handlers' contexts
 	ackCh     chan ackItem
-	retryCh   chan *retryReq // unbuffered: a send is taken by the retry loop
+	retryCh   chan *retryReq
 	retryDone chan struct{}
 	ackDone   chan struct{}
 	errLog    rateLog
+	retryLog  rateLog // the Warn record of a retry (see rescheduled)
 	leases    leases
 	stats     counters
 	health    healthState // see health.go
@@ -157,12 +158,13 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.ready = make(chan *task, c.roomSize())
 	c.base = context.WithoutCancel(ctx)
 	c.ackCh = make(chan ackItem, 4*r.Concurrency+256)
-	c.retryCh = make(chan *retryReq)
+	c.retryCh = make(chan *retryReq, 2*r.Concurrency+maxRetryBatch)
 	c.retryDone = make(chan struct{})
 	c.suspects.ready = make(chan struct{}, 1)
 	c.ackDone = make(chan struct{})
 	c.inflight = make(map[string]*task)
 	c.errLog = rateLog{log: r.Logger, every: 10 * time.Second}
+	c.retryLog = rateLog{log: r.Logger, every: time.Second}
 	c.leases = newLeases(r.Logger)
 	c.pause.init(r.Logger)
 
@@ -193,7 +195,9 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	defer stopBeat()
 	c.startLeases(beat, &side)
 	stopAcks := make(chan struct{})
-	side.Go(func() { c.ackLoop(stopAcks) })
+	// The ack loop stops after the retry loop, which queues the entries it
+	// settled for deletion (forgetSettled).
+	side.Go(func() { c.ackLoop(c.retryDone) })
 	side.Go(func() { c.retryLoop(stopAcks) })
 	var runner sync.WaitGroup
 	intakeDone := make(chan struct{})

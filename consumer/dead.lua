@@ -1,112 +1,144 @@
--- dead.lua: move a job this consumer owns to the dead-letter stream.
+-- dead.lua: move jobs this consumer owns to the dead-letter stream, one call
+-- per batch (see reschedule.go).
 -- KEYS[1]  stream
 -- KEYS[2]  dead-letter stream
--- KEYS[3]  optional: the job's index record ({stream}:job:<job id>,
---          stream/index.go), set to "dead" with the time and
---          "<reason>: <error>" for ARGV[10] ms
+-- KEYS[3..] the index records of the tracked jobs among them
+--          ({stream}:job:<job id>, stream/index.go), each set to "dead" with
+--          the time and "<reason>: <error>" for ARGV[4] ms
 -- ARGV[1]  group
 -- ARGV[2]  consumer
--- ARGV[3]  entry ID
--- ARGV[4]  reason
--- ARGV[5]  error text
--- ARGV[6]  attempts made
--- ARGV[7]  dead-letter stream bound (exact MAXLEN), 0 for none
--- ARGV[8]  "copy": copy the entry's fields from the stream; "record:<size>":
---          record the fields given below instead (an oversize entry of size
---          bytes, each value cut short by the consumer, so that it is not
---          copied whole), with dead_truncated set to size
--- ARGV[9]  n: the number of ARGV values that follow as field/value pairs to set
+-- ARGV[3]  dead-letter stream bound (exact MAXLEN), 0 for none
+-- ARGV[4]  the time to live of an index record in ms
+-- ARGV[5..] one group of values per job, in turn:
+--          entry ID; reason; error text; attempts made;
+--          mode: "copy": copy the entry's fields from the stream;
+--          "record:<size>": record the fields given instead (an oversize
+--          entry of size bytes, each value cut short by the consumer, so that
+--          it is not copied whole), with dead_truncated set to size;
+--          k: the index in KEYS of the job's index record, 0 for none;
+--          n: the number of values that follow as field/value pairs to set
 --          in the copy (replacing the entry's own: redaction, the final error
---          history; added when the entry has no such field)
--- ARGV[10] the time to live of the index record in ms (used with KEYS[3])
--- ARGV[11..10+n] those pairs
--- ARGV[11+n..] the entry's fields: with "record", or with "copy" when an
---          earlier call returned -2 (the entry is no longer in the stream)
--- Returns  {dead-letter entry ID, entries trimmed from the dead-letter stream},
---          -1 when this consumer does not own the entry (nothing written), or
---          -2 when the entry is gone from the stream and ARGV has no fields
---          (nothing written: call again with the fields).
--- The dead-letter entry holds the original entry's raw fields, copied here on
+--          history; added when the entry has no such field);
+--          m: the number of values after those: the entry's fields, with
+--          "record", or with "copy" when an earlier call returned -2 for it
+--          (the entry is no longer in the stream);
+--          the n values, then the m values
+-- Returns  {entries trimmed from the dead-letter stream, then per job in
+--          order: its dead-letter entry ID, -1 when this consumer does not
+--          own the entry (nothing written for it), or -2 when the entry is
+--          gone from the stream and ARGV has no fields for it (nothing
+--          written for it: call again with the fields)}.
+-- A dead-letter entry holds the original entry's raw fields, copied here on
 -- the server from the stream (duplicates and binary values intact, the payload
 -- never travels through the client again), at most 1100 of them (stream.MaxFields,
 -- the format's own and a margin; the rest are counted in dead_dropped_fields), followed by dead_reason, dead_error, dead_at
 -- (Unix ms, Redis clock), dead_attempts, dead_consumer, dead_entry_id and
--- dead_stream. Every check comes before the first write, which is the XACK, so
--- the script settles while Redis is over maxmemory (see retry.lua).
+-- dead_stream. Every check (ownership with one ranged XPENDING, the copies,
+-- the ACL) comes before the first write, which is the XACK of every job it
+-- settles, so the script settles while Redis is over maxmemory (see
+-- retry.lua), and a call that fails has written nothing. The bound is
+-- trimmed once, after the batch's entries were added.
 local maxFields = 1100
-local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if #p ~= 1 or p[1][2] ~= ARGV[2] then return -1 end
-local n = tonumber(ARGV[9])
-local set, order = {}, {}
-for i = 11, 10 + n, 2 do
-  if set[ARGV[i]] == nil then order[#order + 1] = ARGV[i] end
-  set[ARGV[i]] = ARGV[i + 1]
+local jobs, i = {}, 5
+while i <= #ARGV do
+  local n, m = tonumber(ARGV[i + 6]), tonumber(ARGV[i + 7])
+  jobs[#jobs + 1] = {id = ARGV[i], reason = ARGV[i + 1], err = ARGV[i + 2], attempts = ARGV[i + 3], mode = ARGV[i + 4],
+                     index = KEYS[tonumber(ARGV[i + 5])], set0 = i + 8, n = n, src0 = i + 8 + n, m = m}
+  i = i + 8 + n + m
 end
-local src
-local e = {}
-if ARGV[8] == 'copy' then e = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3]) end
-local truncated = string.match(ARGV[8], '^record:(%d+)$')
-if #e == 1 then
-  src = e[1][2]
-elseif #ARGV > 10 + n then
-  src = {}
-  for i = 11 + n, #ARGV do src[#src + 1] = ARGV[i] end
-else
-  return -2
-end
+-- mine comes from ids.lua, put in front of this script; a job listed twice
+-- is settled once.
+local want = {}
+for _, j in ipairs(jobs) do want[j.id] = true end
+local got = mine(KEYS[1], ARGV[1], ARGV[2], want)
 local ours = {dead_reason = 1, dead_error = 1, dead_at = 1, dead_attempts = 1, dead_consumer = 1,
               dead_entry_id = 1, dead_stream = 1, dead_dropped_fields = 1, dead_truncated = 1}
-local f, copied, dropped, done = {}, 0, 0, {}
-for i = 1, #src - 1, 2 do
-  local name = src[i]
-  if not ours[name] then
-    if copied < maxFields then
-      copied = copied + 1
-      f[#f + 1] = name
-      if set[name] ~= nil then
-        f[#f + 1] = set[name]
-        done[name] = true
-      else
-        f[#f + 1] = src[i + 1]
-      end
+local out, settle, index = {0}, {}, false
+for k, j in ipairs(jobs) do
+  out[k + 1] = -1
+  if got[j.id] then
+    got[j.id] = nil
+    local src
+    local e = {}
+    if j.mode == 'copy' then e = redis.call('XRANGE', KEYS[1], j.id, j.id) end
+    if #e == 1 then
+      src = e[1][2]
+    elseif j.m > 0 then
+      src = {}
+      for a = j.src0, j.src0 + j.m - 1 do src[#src + 1] = ARGV[a] end
+    end
+    if src == nil then
+      out[k + 1] = -2
     else
-      dropped = dropped + 1
+      local set, order = {}, {}
+      for a = j.set0, j.set0 + j.n - 1, 2 do
+        if set[ARGV[a]] == nil then order[#order + 1] = ARGV[a] end
+        set[ARGV[a]] = ARGV[a + 1]
+      end
+      local f, copied, dropped, done = {}, 0, 0, {}
+      for a = 1, #src - 1, 2 do
+        local name = src[a]
+        if not ours[name] then
+          if copied < maxFields then
+            copied = copied + 1
+            f[#f + 1] = name
+            if set[name] ~= nil then
+              f[#f + 1] = set[name]
+              done[name] = true
+            else
+              f[#f + 1] = src[a + 1]
+            end
+          else
+            dropped = dropped + 1
+          end
+        end
+      end
+      for _, name in ipairs(order) do
+        if not done[name] and not ours[name] then
+          f[#f + 1] = name
+          f[#f + 1] = set[name]
+        end
+      end
+      j.f, j.dropped, j.truncated = f, dropped, string.match(j.mode, '^record:(%d+)$')
+      settle[#settle + 1] = j
+      if j.index then index = j.index end
     end
   end
 end
-for _, name in ipairs(order) do
-  if not done[name] and not ours[name] then
-    f[#f + 1] = name
-    f[#f + 1] = set[name]
-  end
-end
-local t = redis.call('TIME')
-local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local meta = {'dead_reason', ARGV[4], 'dead_error', ARGV[5], 'dead_at', now, 'dead_attempts', ARGV[6],
-              'dead_consumer', ARGV[2], 'dead_entry_id', ARGV[3], 'dead_stream', KEYS[1]}
-if truncated then
-  meta[#meta + 1] = 'dead_truncated'
-  meta[#meta + 1] = truncated
-end
-if dropped > 0 then
-  meta[#meta + 1] = 'dead_dropped_fields'
-  meta[#meta + 1] = tostring(dropped)
-end
-for _, v in ipairs(meta) do f[#f + 1] = v end
+if #settle == 0 then return out end
 -- Under an ACL that denies a later command, a script fails halfway and keeps
--- what it wrote (the XACK: the job would be lost): check first (Redis 7).
-if redis.acl_check_cmd and not (redis.acl_check_cmd('XACK', KEYS[1], ARGV[1], ARGV[3])
+-- what it wrote (the XACK: the jobs would be lost): check first (Redis 7).
+if redis.acl_check_cmd and not (redis.acl_check_cmd('XACK', KEYS[1], ARGV[1], settle[1].id)
     and redis.acl_check_cmd('XADD', KEYS[2], '*', 'f', 'v')
-    and (tonumber(ARGV[7]) == 0 or redis.acl_check_cmd('XTRIM', KEYS[2], 'MAXLEN', '=', '1'))
-    and (not KEYS[3] or redis.acl_check_cmd('SET', KEYS[3], 'v', 'PX', '1'))) then
+    and (tonumber(ARGV[3]) == 0 or redis.acl_check_cmd('XTRIM', KEYS[2], 'MAXLEN', '=', '1'))
+    and (not index or redis.acl_check_cmd('SET', index, 'v', 'PX', '1'))) then
   return redis.error_reply('NOPERM the user may not run XACK, or XADD or XTRIM on the dead-letter stream, or SET on the index record')
 end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-local id = redis.call('XADD', KEYS[2], '*', unpack(f))
-if KEYS[3] then
-  local why = ARGV[4] .. ': ' .. ARGV[5]
-  redis.call('SET', KEYS[3], '4:dead0:0:' .. #now .. ':' .. now .. #why .. ':' .. why .. '0:', 'PX', ARGV[10])
+local ids = {}
+for _, j in ipairs(settle) do ids[#ids + 1] = j.id end
+local t = redis.call('TIME')
+local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
+for k, j in ipairs(jobs) do
+  if j.f then
+    local f = j.f
+    local meta = {'dead_reason', j.reason, 'dead_error', j.err, 'dead_at', now, 'dead_attempts', j.attempts,
+                  'dead_consumer', ARGV[2], 'dead_entry_id', j.id, 'dead_stream', KEYS[1]}
+    if j.truncated then
+      meta[#meta + 1] = 'dead_truncated'
+      meta[#meta + 1] = j.truncated
+    end
+    if j.dropped > 0 then
+      meta[#meta + 1] = 'dead_dropped_fields'
+      meta[#meta + 1] = tostring(j.dropped)
+    end
+    for _, v in ipairs(meta) do f[#f + 1] = v end
+    out[k + 1] = redis.call('XADD', KEYS[2], '*', unpack(f))
+    if j.index then
+      local why = j.reason .. ': ' .. j.err
+      redis.call('SET', j.index, '4:dead0:0:' .. #now .. ':' .. now .. #why .. ':' .. why .. '0:', 'PX', ARGV[4])
+    end
+  end
 end
-local trimmed = 0
-if tonumber(ARGV[7]) > 0 then trimmed = redis.call('XTRIM', KEYS[2], 'MAXLEN', '=', ARGV[7]) end
-return {id, trimmed}
+if tonumber(ARGV[3]) > 0 then out[1] = redis.call('XTRIM', KEYS[2], 'MAXLEN', '=', ARGV[3]) end
+return out

@@ -19,6 +19,11 @@
 //   - dead-letter: XACK and XADD to the dead-letter stream with the original
 //     raw fields and dead_* metadata.
 //
+// Each runs once per batch (ack.lua, retry.lua, dead.lua), each entry in it
+// owner-checked on its own; a worker queues its job's retry, snooze or dead
+// letter and takes its next job (it waits only for a suspect, and to call
+// Config.OnDeadLetter), and shutdown runs what is queued.
+//
 // A worker whose job was reclaimed by another consumer therefore can neither
 // acknowledge nor settle it. Delivery is at-least-once: a job whose worker
 // died after the side effect and before the acknowledgement runs again, so

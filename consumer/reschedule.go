@@ -1,13 +1,23 @@
 package consumer
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/pelicanqueue/pelican/stream"
 )
 
 // Rescheduling: jobs whose attempt failed (or that snoozed) are rescheduled
-// in batches, one retry script for all the jobs that finished meanwhile, as
-// acknowledgements are (see ackLoop). A job's goroutine waits for its batch,
-// so that it logs and counts its own outcome.
+// in batches, one retry script for all the jobs queued meanwhile, as
+// acknowledgements are (see ackLoop). A worker does not wait for Redis: it
+// queues the job and takes its next one; the retry loop runs the script,
+// then logs and counts each job's outcome. The job stays in the in-flight
+// set until then, so that this consumer's own sweep cannot start it again
+// in between, and shutdown runs what is queued before the ack loop stops.
+// A suspect waits for its batch (it settles before the next one starts).
 
 // maxRetryBatch bounds the jobs one retry script reschedules, and
 // maxRetryBatchBytes the bytes of their fields (a batch takes at least one
@@ -17,8 +27,8 @@ const (
 	maxRetryBatchBytes = 1 << 20
 )
 
-// retryReq is one job to reschedule: its retry.lua values (entry ID,
-// delay, member, count, fields) and their size in bytes.
+// retryReq is one job to reschedule: its retry.lua values, and what the
+// retry loop logs once the script has run.
 type retryReq struct {
 	// args are the job's values for retry.lua without the index and error
 	// (entry ID, delay, member, n, values); index and err are the job's
@@ -26,17 +36,25 @@ type retryReq struct {
 	args       []any
 	index, err string
 	size       int
-	done       chan retryRes
+	// id is the entry; job, ran (the handler's run time), kind (the
+	// error_kind), msg (the handler's error), delay and count (an attempt
+	// counted: a retry, not a snooze) are for the log record.
+	id    string
+	job   *stream.Job
+	ran   time.Duration
+	kind  string
+	msg   string
+	delay time.Duration
+	count bool
+	// done, when not nil, receives the outcome: the caller waits for it.
+	done chan bool
+	// room: the job's place in the workers' queue, freed once settled.
+	room bool
+	// dead, when not nil, makes this a dead letter (dead.lua), not a retry.
+	dead *deadReq
 }
 
-// retryRes is retry.lua's answer for one job: the new entry's ID, "" (in
-// the delayed set) or int64(-1) (not owned), or the script's error.
-type retryRes struct {
-	v   any
-	err error
-}
-
-// retryLoop runs the batches until stop is closed and nobody waits to send.
+// retryLoop runs the batches until stop is closed and nothing is queued.
 func (c *Consumer) retryLoop(stop <-chan struct{}) {
 	defer close(c.retryDone)
 	for {
@@ -56,8 +74,8 @@ func (c *Consumer) retryLoop(stop <-chan struct{}) {
 	}
 }
 
-// flushRetries runs one retry script for first and for the jobs waiting
-// behind it, and answers each.
+// flushRetries runs one retry script for first and for the jobs queued
+// behind it, and settles each (see rescheduled).
 func (c *Consumer) flushRetries(first *retryReq) {
 	batch, size := []*retryReq{first}, first.size
 fill:
@@ -69,6 +87,27 @@ fill:
 		default:
 			break fill
 		}
+	}
+	c.runRetries(batch)
+}
+
+// runRetries runs one retry script for the retries and snoozes of batch,
+// and one dead-letter script for its dead letters (see runDeads), and
+// settles each job.
+func (c *Consumer) runRetries(all []*retryReq) {
+	var batch, dead []*retryReq
+	for _, r := range all {
+		if r.dead != nil {
+			dead = append(dead, r)
+		} else {
+			batch = append(batch, r)
+		}
+	}
+	if len(dead) > 0 {
+		c.runDeads(dead)
+	}
+	if len(batch) == 0 {
+		return
 	}
 	keys, args := c.retryArgs(batch)
 	ctx, cancel := c.settleContext()
@@ -82,31 +121,87 @@ fill:
 		if err == nil {
 			v = res[i]
 		}
-		r.done <- retryRes{v, err}
+		ok := c.rescheduled(r, v, err)
+		if r.done != nil {
+			r.done <- ok
+		}
 	}
 }
 
-// reschedule runs one job's retry.lua values in the next batch, or alone
-// once the batches have stopped (a job that finished after the drain).
-func (c *Consumer) reschedule(args []any, size int, index, errText string) (any, error) {
-	r := &retryReq{args: args, size: size, index: index, err: errText, done: make(chan retryRes, 1)}
+// reschedule queues r for the next batch, or runs it alone once the batches
+// have stopped (a job that finished after the drain); with r.done it
+// waits for r's outcome and reports whether the job was rescheduled.
+func (c *Consumer) reschedule(r *retryReq) bool {
 	select {
-	case c.retryCh <- r:
-		res := <-r.done
-		return res.v, res.err
 	case <-c.retryDone:
-		ctx, cancel := c.settleContext()
-		defer cancel()
-		keys, all := c.retryArgs([]*retryReq{r})
-		res, err := retryScript.Run(ctx, c.rdb, keys, all...).Slice()
-		if err != nil {
-			return nil, err
+	default:
+		select {
+		case c.retryCh <- r:
+			return r.done == nil || <-r.done
+		case <-c.retryDone:
 		}
-		if len(res) != 1 {
-			return nil, fmt.Errorf("retry script: %d answers for 1 job", len(res))
-		}
-		return res[0], nil
 	}
+	if r.done == nil {
+		r.done = make(chan bool, 1)
+	}
+	c.runRetries([]*retryReq{r})
+	return <-r.done
+}
+
+// rescheduled logs and counts the outcome of r: v is retry.lua's answer
+// for it (the new entry's ID, "" in the delayed set, int64(-1): not
+// owned, or int64(-2): cancelled by an operator), err the script's error. It removes the job from the in-flight set
+// and reports whether the job was rescheduled.
+func (c *Consumer) rescheduled(r *retryReq, v any, err error) bool {
+	c.mu.Lock()
+	delete(c.inflight, r.id)
+	c.mu.Unlock()
+	if r.room {
+		c.freeRoom(1)
+	}
+	switch {
+	case err != nil:
+		attrs := append(c.jobAttrs(r.id, r.job, r.ran, r.kind, ""), slog.String("job_error", r.msg))
+		c.errLog.error("scheduling a retry failed; the job stays pending and will run again", err, anys(attrs)...)
+		return false
+	case v == int64(-2):
+		// Cancelled (control.Cancel) before this consumer heard of it:
+		// acknowledged as cancelled instead.
+		c.r.Logger.LogAttrs(c.base, slog.LevelInfo, "failed job was cancelled by an operator; settled as cancelled, not rescheduled",
+			c.jobAttrs(r.id, r.job, r.ran, errKindCancelled, "")...)
+		c.queueAck(ackItem{id: r.id, index: r.index, cancelled: true})
+		return false
+	case v == int64(-1):
+		c.stats.stale.Add(1)
+		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "failed job was no longer owned by this consumer; not rescheduled here",
+			c.jobAttrs(r.id, r.job, r.ran, errKindLeaseLost, r.msg)...)
+		return false
+	}
+	c.forgetSettled(r.id)
+	if !r.count {
+		c.stats.snoozed.Add(1)
+		// A snooze is not a failure: Debug only.
+		if c.r.Logger.Enabled(c.base, slog.LevelDebug) {
+			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job snoozed; rescheduled",
+				append(c.jobAttrs(r.id, r.job, r.ran, r.kind, r.msg), slog.Int64("delay_ms", r.delay.Milliseconds()))...)
+		}
+		return true
+	}
+	c.stats.retried.Add(1)
+	// A retry is logged at Warn, at most once a second (with the number
+	// held back since), unless the logger takes Debug: then every one is.
+	held, ok := 0, c.r.Logger.Enabled(c.base, slog.LevelDebug)
+	if !ok {
+		held, ok = c.retryLog.allow()
+	}
+	if ok && c.r.Logger.Enabled(c.base, slog.LevelWarn) {
+		attrs := append(c.jobAttrs(r.id, r.job, r.ran, r.kind, r.msg), slog.Int64("delay_ms", r.delay.Milliseconds()))
+		if held > 0 {
+			attrs = append(attrs, slog.Int("suppressed_retries", held))
+		}
+		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job failed; retry scheduled", attrs...)
+	}
+	return true
 }
 
 // retryArgs returns retry.lua's keys and arguments for batch.
@@ -124,4 +219,62 @@ func (c *Consumer) retryArgs(batch []*retryReq) ([]string, []any) {
 		args = append(args, r.args[3:]...)
 	}
 	return keys, args
+}
+
+// retryRequest returns the retry request of dec, a retry or snooze of the
+// job of d whose handler ran under jobCtx. A suspect's next entry stays a
+// suspect, and a suspect waits for its outcome.
+func (c *Consumer) retryRequest(jobCtx context.Context, job *stream.Job, d delivery, dec Decision) *retryReq {
+	count, delay, err := dec.Kind == KindRetry, dec.Delay, dec.Err
+	t := taskOf(jobCtx)
+	next := *job
+	if t != nil && t.suspect {
+		next.Suspect = true
+	}
+	msg := errText(err)
+	if count {
+		next.Attempt++
+		next.LastError, next.ErrorHistory = withError(job, c.errorText(job, msg))
+		if next.FirstFailedAt.IsZero() {
+			next.FirstFailedAt = time.Now()
+		}
+	}
+	fields := stream.Encode(&next)
+	// retry.lua compares the delay in ms: a positive delay under 1 ms is no
+	// delay, and must come with the fields of the entry to add at once.
+	r := &retryReq{id: d.id, job: job, ran: t.handlerTime(), msg: msg, delay: delay, count: count}
+	r.args = []any{d.id, delay.Milliseconds()}
+	if delay.Milliseconds() > 0 {
+		member := stream.EncodeDelayed(d.id, fields)
+		r.args = append(r.args, member, 0)
+		r.size = len(member)
+	} else {
+		r.args = append(r.args, "", len(fields))
+		r.args = append(r.args, fields...)
+		for _, f := range fields {
+			switch v := f.(type) {
+			case string:
+				r.size += len(v)
+			case []byte:
+				r.size += len(v)
+			}
+		}
+	}
+	if job.Track && job.ID != "" {
+		r.index = stream.JobKey(c.r.keys, job.ID)
+		if err != nil {
+			r.err = c.errorText(job, msg)
+		}
+	}
+	r.kind = errKindRetryable
+	switch {
+	case !count:
+		r.kind = errKindSnooze
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(context.Cause(jobCtx), context.DeadlineExceeded):
+		r.kind = errKindTimeout
+	}
+	if t != nil && t.suspect {
+		r.done = make(chan bool, 1)
+	}
+	return r
 }

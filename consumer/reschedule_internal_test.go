@@ -65,17 +65,18 @@ func TestRetryScript_batchOwnerChecked(t *testing.T) {
 	}
 }
 
-// scriptCounter counts the EVALSHA/EVAL calls of one script.
+// scriptCounter counts the EVALSHA/EVAL calls of one script (its hash
+// and its text).
 type scriptCounter struct {
-	sha string
-	n   atomic.Int64
+	sha, body string
+	n         atomic.Int64
 }
 
 func (h *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if args := cmd.Args(); len(args) > 1 && (args[0] == "evalsha" || args[0] == "eval") {
-			if s, _ := args[1].(string); s == h.sha || s == retryLua {
+			if s, _ := args[1].(string); s == h.sha || s == h.body {
 				h.n.Add(1)
 			}
 		}
@@ -102,7 +103,7 @@ func TestConsumer_retriesBatched(t *testing.T) {
 	if _, err := stream.NewProducer(rdb, stream.ProducerConfig{Stream: q}).EnqueueBatch(ctx, jobs); err != nil {
 		t.Fatal(err)
 	}
-	counter := &scriptCounter{sha: retryScript.Hash()}
+	counter := &scriptCounter{sha: retryScript.Hash(), body: idsLua + retryLua}
 	crdb := redis.NewClient(&redis.Options{Addr: redistest.Addr()})
 	defer crdb.Close()
 	crdb.AddHook(counter)
@@ -150,5 +151,93 @@ func TestConsumer_retriesBatched(t *testing.T) {
 	}
 	if rdb.ZCard(ctx, keys.Delayed).Val() != 0 {
 		t.Error("jobs left in the delayed set")
+	}
+}
+
+// Jobs dead-lettered together are dead-lettered by one script per batch:
+// fewer dead-letter scripts than jobs, each job once, Config.OnDeadLetter
+// called once per job with its own dead-letter entry, and the bound
+// (Config.DeadLetterMaxLen) kept, every entry trimmed counted.
+func TestConsumer_deadLettersBatched(t *testing.T) {
+	t.Parallel()
+	for _, hook := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no hook", true: "hook"}[hook], func(t *testing.T) {
+			t.Parallel()
+			rdb := redistest.Shared(t)
+			ctx := context.Background()
+			q := "{" + redistest.Prefix(t, rdb) + "}q"
+			keys, _ := stream.KeysFor(q)
+			const n, bound = 200, 50
+			jobs := make([]*stream.Job, n)
+			for i := range jobs {
+				jobs[i] = &stream.Job{Type: "t", Payload: []byte("{}")}
+			}
+			if _, err := stream.NewProducer(rdb, stream.ProducerConfig{Stream: q}).EnqueueBatch(ctx, jobs); err != nil {
+				t.Fatal(err)
+			}
+			counter := &scriptCounter{sha: deadScript.Hash(), body: idsLua + deadLua}
+			crdb := redis.NewClient(&redis.Options{Addr: redistest.Addr()})
+			defer crdb.Close()
+			crdb.AddHook(counter)
+			var mu sync.Mutex
+			alerts := map[string]string{} // job ID -> dead entry ID
+			cfg := Config{Stream: q, Group: "g", Concurrency: 50, Logger: slog.New(slog.DiscardHandler), DeadLetterMaxLen: bound}
+			if hook {
+				cfg.OnDeadLetter = func(_ context.Context, d DeadLetter) {
+					mu.Lock()
+					defer mu.Unlock()
+					if _, ok := alerts[d.Job.ID]; ok || d.DeadEntryID == "" {
+						t.Errorf("alert %+v: twice, or without its dead entry", d)
+					}
+					alerts[d.Job.ID] = d.DeadEntryID
+				}
+			}
+			c := New(crdb, cfg).Handle(HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+				time.Sleep(5 * time.Millisecond) // finish together
+				return Permanent(errors.New("never"))
+			}))
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
+			deadline := time.Now().Add(30 * time.Second)
+			for c.Stats().DeadLettered < n {
+				if time.Now().After(deadline) {
+					t.Fatalf("stats %+v", c.Stats())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := c.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+			<-done
+			if st := c.Stats(); st.DeadLettered != n || st.DeadTrimmed != n-bound || st.Stale != 0 {
+				t.Errorf("stats %+v; want %d dead-lettered, %d trimmed", st, n, n-bound)
+			}
+			dead := rdb.XRange(ctx, keys.Dead, "-", "+").Val()
+			if len(dead) != bound {
+				t.Errorf("dead-letter stream holds %d; want its bound %d", len(dead), bound)
+			}
+			seen := map[string]bool{}
+			for _, e := range dead {
+				id, _ := e.Values[stream.FieldJobID].(string)
+				if seen[id] || e.Values["dead_reason"] != ReasonPermanent || e.Values["dead_consumer"] == "" {
+					t.Errorf("dead letter %v: twice, or without its fields", e.Values)
+				}
+				seen[id] = true
+				if hook && alerts[id] != e.ID {
+					t.Errorf("job %s: alert for dead entry %q, dead entry %s", id, alerts[id], e.ID)
+				}
+			}
+			if hook && len(alerts) != n {
+				t.Errorf("%d alerts; want %d", len(alerts), n)
+			}
+			if p := rdb.XPending(ctx, q, "g").Val(); p.Count != 0 {
+				t.Errorf("%d entries pending", p.Count)
+			}
+			calls := counter.n.Load()
+			t.Logf("%d jobs dead-lettered by %d scripts", n, calls)
+			if calls >= n {
+				t.Errorf("%d dead-letter scripts for %d jobs; want them batched", calls, n)
+			}
+		})
 	}
 }

@@ -30,15 +30,23 @@ while i <= #ARGV do
                      err = ARGV[i + 4], first = i + 6, last = i + 5 + n}
   i = i + 6 + n
 end
+-- One ranged XPENDING over the batch, filtered by this consumer (mine, from
+-- ids.lua, put in front of this script), finds what it still owns: each job
+-- is owner-checked on its own, and a job listed twice is settled once.
+local want = {}
+for _, j in ipairs(jobs) do want[j.id] = true end
+local got = mine(KEYS[1], ARGV[1], ARGV[2], want)
 local owned = {}
 for _, j in ipairs(jobs) do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], j.id, j.id, 1)
-  j.owned = #p == 1 and p[1][2] == ARGV[2]
+  j.owned = got[j.id] == true
   if j.owned and j.index then
-    local want = '10:cancelling' .. #j.id .. ':' .. j.id
-    if string.sub(redis.call('GET', j.index) or '', 1, #want) == want then j.owned, j.cancel = false, true end
+    local cancelling = '10:cancelling' .. #j.id .. ':' .. j.id
+    if string.sub(redis.call('GET', j.index) or '', 1, #cancelling) == cancelling then j.owned, j.cancel = false, true end
   end
-  if j.owned then owned[#owned + 1] = j.id end
+  if j.owned then
+    owned[#owned + 1] = j.id
+    got[j.id] = nil
+  end
 end
 local out = {}
 if #owned == 0 then

@@ -3,13 +3,10 @@ package consumer
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/pelicanqueue/pelican/stream"
@@ -24,9 +21,13 @@ var (
 	//go:embed dead.lua
 	deadLua string
 
-	ackScript   = redis.NewScript(ackLua)
-	retryScript = redis.NewScript(retryLua)
-	deadScript  = redis.NewScript(deadLua)
+	//go:embed ids.lua
+	idsLua string
+
+	// The settlement scripts use the helpers of ids.lua, put in front.
+	ackScript   = redis.NewScript(idsLua + ackLua)
+	retryScript = redis.NewScript(idsLua + retryLua)
+	deadScript  = redis.NewScript(idsLua + deadLua)
 )
 
 // maxAckBatch is the most entry IDs one ack script acknowledges.
@@ -242,21 +243,12 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 		}
 		c.mu.Unlock()
 	}()
-	lo, hi := "", ""
-	for i, id := range ids {
-		if i == 0 || stream.CompareIDs(id, lo) < 0 {
-			lo = id
-		}
-		if i == 0 || stream.CompareIDs(id, hi) > 0 {
-			hi = id
-		}
-	}
 	del := "0"
 	if trim {
 		del = "1"
 	}
-	args := make([]any, 0, 8+len(tracked)+len(ids)+len(forget))
-	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), lo, hi, len(keys)-1, c.r.TrackTTL.Milliseconds())
+	args := make([]any, 0, 6+len(tracked)+len(ids)+len(forget))
+	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), len(keys)-1, c.r.TrackTTL.Milliseconds())
 	args = append(args, tracked...)
 	for _, id := range ids {
 		args = append(args, id)
@@ -343,188 +335,6 @@ func (c *Consumer) logDone(ids []string, stale []string) {
 		if !slices.Contains(stale, id) {
 			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job done", c.entryAttrs(id, "", "")...)
 		}
-	}
-}
-
-// settle applies dec, a retry, snooze or dead-letter decision of [Decide],
-// to the job of d, and reports whether it rescheduled the job. job is nil
-// for an entry that did not decode.
-func (c *Consumer) settle(ctx context.Context, job *stream.Job, d delivery, dec Decision) (rescheduled bool) {
-	switch dec.Kind {
-	case KindDead:
-		c.settleDead(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
-	case KindRetry, KindSnooze:
-		return c.settleRetry(ctx, job, d, dec)
-	}
-	return false
-}
-
-// settleRetry schedules the job's next attempt (or, for a snooze, its next
-// run) after dec.Delay, and reports whether it rescheduled the job. A
-// suspect's next entry stays a suspect.
-func (c *Consumer) settleRetry(jobCtx context.Context, job *stream.Job, d delivery, dec Decision) bool {
-	count, delay, err := dec.Kind == KindRetry, dec.Delay, dec.Err
-	next := *job
-	if t := taskOf(jobCtx); t != nil && t.suspect {
-		next.Suspect = true
-	}
-	if count {
-		next.Attempt++
-		next.LastError, next.ErrorHistory = withError(job, c.errorText(job, errText(err)))
-		if next.FirstFailedAt.IsZero() {
-			next.FirstFailedAt = time.Now()
-		}
-	}
-	fields := stream.Encode(&next)
-	// retry.lua compares the delay in ms: a positive delay under 1 ms is no
-	// delay, and must come with the fields of the entry to add at once.
-	args := []any{d.id, delay.Milliseconds()}
-	size := 0
-	if delay.Milliseconds() > 0 {
-		member := stream.EncodeDelayed(d.id, fields)
-		args = append(args, member, 0)
-		size = len(member)
-	} else {
-		args = append(args, "", len(fields))
-		args = append(args, fields...)
-		for _, f := range fields {
-			switch v := f.(type) {
-			case string:
-				size += len(v)
-			case []byte:
-				size += len(v)
-			}
-		}
-	}
-	index, recorded := "", ""
-	if job.Track && job.ID != "" {
-		index = stream.JobKey(c.r.keys, job.ID)
-		if err != nil {
-			recorded = c.errorText(job, errText(err))
-		}
-	}
-	res, serr := c.reschedule(args, size, index, recorded)
-	kind := errKindRetryable
-	switch {
-	case !count:
-		kind = errKindSnooze
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(context.Cause(jobCtx), context.DeadlineExceeded):
-		kind = errKindTimeout
-	}
-	ran := taskOf(jobCtx).handlerTime()
-	switch {
-	case serr != nil:
-		attrs := append(c.jobAttrs(d.id, job, ran, kind, ""), slog.String("job_error", c.errorText(job, errText(err))))
-		c.errLog.error("scheduling a retry failed; the job stays pending and will run again", serr, anys(attrs)...)
-	case res == int64(-2):
-		// Cancelled (control.Cancel) before this consumer heard of it:
-		// acknowledged as cancelled instead.
-		c.r.Logger.LogAttrs(c.base, slog.LevelInfo, "failed job was cancelled by an operator; settled as cancelled, not rescheduled",
-			c.jobAttrs(d.id, job, ran, errKindCancelled, "")...)
-		c.queueAck(ackItem{id: d.id, index: index, cancelled: true})
-		return false
-	case res == int64(-1):
-		c.stats.stale.Add(1)
-		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "failed job was no longer owned by this consumer; not rescheduled here",
-			c.jobAttrs(d.id, job, ran, errKindLeaseLost, errText(err))...)
-	case !count:
-		c.forgetSettled(d.id)
-		c.stats.snoozed.Add(1)
-		// A snooze is not a failure: Debug only.
-		if c.r.Logger.Enabled(c.base, slog.LevelDebug) {
-			c.r.Logger.LogAttrs(c.base, slog.LevelDebug, "job snoozed; rescheduled",
-				append(c.jobAttrs(d.id, job, ran, kind, errText(err)), slog.Int64("delay_ms", delay.Milliseconds()))...)
-		}
-	default:
-		c.forgetSettled(d.id)
-		c.stats.retried.Add(1)
-		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job failed; retry scheduled",
-			append(c.jobAttrs(d.id, job, ran, kind, errText(err)), slog.Int64("delay_ms", delay.Milliseconds()))...)
-	}
-	return true
-}
-
-// settleDead dead-letters entry id, with Config.RedactDeadLetter's field
-// values and then Config.OnDeadLetter. job is nil for an entry that did not
-// decode.
-func (c *Consumer) settleDead(jobCtx context.Context, id string, fields map[string]any, reason string, cause error, attempts int, job *stream.Job) {
-	msg := errText(cause)
-	stored := c.errorText(job, msg) // what dead_error holds
-	info := DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream, DeadLetterStream: c.r.DeadLetterStream,
-		Reason: reason, Error: stored, Attempts: attempts}
-	set := make(map[string]string)
-	if job != nil && msg != "" {
-		// The record carries the final error, as a retry would (the
-		// handler's own, without the "attempt n of m" of dead_error).
-		final := msg
-		var ex *exhaustedError
-		if errors.As(cause, &ex) {
-			final = errText(ex.err)
-		}
-		last, history := withError(job, c.errorText(job, final))
-		set[stream.FieldLastError] = last
-		b, _ := json.Marshal(history)
-		set[stream.FieldErrorHistory] = string(b)
-	}
-	if c.r.RedactDeadLetter != nil && job != nil {
-		for k, v := range c.r.RedactDeadLetter(job) {
-			if _, ok := fields[k]; ok { // a replacement, never a new field
-				set[k] = v
-			}
-		}
-	}
-	mode := "copy"
-	if de := (*stream.DecodeError)(nil); errors.As(cause, &de) && de.Size > 0 {
-		// Over the size limit: recorded cut short, from what the consumer
-		// read; copying it whole would hold several copies of it in Redis.
-		mode, fields = "record:"+strconv.Itoa(de.Size), cutShort(fields)
-	}
-	args := make([]any, 0, 10+2*len(set))
-	args = append(args, c.r.Group, c.r.Consumer, id, reason, stored, attempts, c.r.DeadLetterMaxLen, mode, 2*len(set), c.r.TrackTTL.Milliseconds())
-	for _, k := range slices.Sorted(maps.Keys(set)) {
-		args = append(args, k, set[k])
-	}
-	if mode != "copy" {
-		args = appendFields(args, fields)
-	}
-	ctx, cancel := c.settleContext()
-	defer cancel()
-	keys := []string{c.r.Stream, c.r.DeadLetterStream}
-	if job != nil && job.Track && job.ID != "" {
-		keys = append(keys, stream.JobKey(c.r.keys, job.ID))
-	}
-	res, err := deadScript.Run(ctx, c.rdb, keys, args...).Result()
-	if err == nil && res == int64(-2) {
-		// Trimmed from the stream while pending: record what was read. Only
-		// then do the fields travel back to Redis.
-		res, err = deadScript.Run(ctx, c.rdb, keys, appendFields(args, fields)...).Result()
-	}
-	kind, ran := deadKind(reason), taskOf(jobCtx).handlerTime()
-	if err != nil {
-		attrs := append(c.jobAttrs(id, job, ran, kind, ""), slog.String("dead_reason", reason), slog.String("job_error", stored))
-		c.errLog.error("dead-lettering failed; the job stays pending and will be delivered again", err, anys(attrs)...)
-		return
-	}
-	reply, _ := res.([]any)
-	if len(reply) != 2 {
-		c.stats.stale.Add(1)
-		c.r.Logger.LogAttrs(c.base, slog.LevelWarn, "job to dead-letter was no longer owned by this consumer; not dead-lettered here",
-			append(c.jobAttrs(id, job, ran, errKindLeaseLost, msg), slog.String("dead_reason", reason))...)
-		return
-	}
-	info.DeadEntryID, _ = reply[0].(string)
-	c.forgetSettled(id)
-	c.stats.dead.Add(1)
-	c.r.Logger.LogAttrs(c.base, slog.LevelError, "job dead-lettered", append(c.jobAttrs(id, job, ran, kind, msg),
-		slog.String("dead_reason", reason), slog.String("dead_letter_stream", c.r.DeadLetterStream), slog.String("dead_entry_id", info.DeadEntryID))...)
-	if trimmed, _ := reply[1].(int64); trimmed > 0 {
-		c.stats.deadTrimmed.Add(uint64(trimmed))
-		c.r.Logger.Warn("the dead-letter stream is over Config.DeadLetterMaxLen: its oldest entries were removed",
-			"stream", c.r.Stream, "group", c.r.Group, "consumer", c.r.Consumer,
-			"dead_letter_stream", c.r.DeadLetterStream, "removed", trimmed, "max_len", c.r.DeadLetterMaxLen)
-	}
-	if c.r.OnDeadLetter != nil {
-		c.r.OnDeadLetter(context.WithoutCancel(jobCtx), info)
 	}
 }
 

@@ -116,19 +116,28 @@ type rateLog struct {
 }
 
 func (r *rateLog) error(msg string, err error, attrs ...any) {
-	r.mu.Lock()
-	now := time.Now()
-	if !r.last.IsZero() && now.Sub(r.last) < r.every {
-		r.suppressed++
-		r.mu.Unlock()
+	n, ok := r.allow()
+	if !ok {
 		return
 	}
-	n := r.suppressed
-	r.last, r.suppressed = now, 0
-	r.mu.Unlock()
 	attrs = append(attrs, "error", err.Error())
 	if n > 0 {
 		attrs = append(attrs, "suppressed_errors", n)
 	}
 	r.log.Error(msg, attrs...)
+}
+
+// allow reports whether a record may be logged now, and how many were held
+// back since the last one; it counts a record held back.
+func (r *rateLog) allow() (suppressed int, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	if !r.last.IsZero() && now.Sub(r.last) < r.every {
+		r.suppressed++
+		return 0, false
+	}
+	n := r.suppressed
+	r.last, r.suppressed = now, 0
+	return n, true
 }

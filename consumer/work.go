@@ -45,6 +45,12 @@ type task struct {
 	suspect bool
 	// result is what the handler recorded with SetResult.
 	result atomic.Pointer[string]
+	// room: the job holds a place in the workers' queue (see takeRoom),
+	// which its worker frees, unless its retry was queued: the retry loop
+	// frees it once settled, so that a consumer holds no more entries
+	// pending than Concurrency + Prefetch while its retries wait. Set and
+	// read by the worker's goroutine.
+	room bool
 }
 
 // delivery is an entry this consumer now owns.
@@ -157,7 +163,12 @@ func (c *Consumer) runQueued(ctx context.Context, t *task, held bool) bool {
 		c.parkQueued(ctx, t) // keeps its place (see pause.go)
 		return false
 	}
-	defer c.freeRoom(1)
+	t.room = true
+	defer func() {
+		if t.room {
+			c.freeRoom(1)
+		}
+	}()
 	slot := false
 	if held && c.gate.TryRLock() {
 		select {
@@ -280,10 +291,9 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		if job == nil {
 			dec.Attempt = d.deliveries
 		}
-		c.settle(ctx, job, d, dec)
-		c.mu.Lock()
-		delete(c.inflight, t.id)
-		c.mu.Unlock()
+		r := c.deadRequest(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
+		r.room, t.room = t.room, false
+		c.settleDead(ctx, r, t.suspect) // the retry loop leaves the in-flight set
 		return endSettled
 	}
 	var err error
@@ -336,10 +346,18 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		// it again in between.
 		c.logCancelled(t, job, dec, early)
 		forget = !c.queueAck(c.ackOf(t, job, dec.Kind == KindCancelled))
-	default:
-		if c.settle(ctx, job, d, dec) {
+	case dec.Kind == KindRetry || dec.Kind == KindSnooze:
+		forget = false // the retry loop does, once it has run the job's batch
+		r := c.retryRequest(ctx, job, d, dec)
+		r.room, t.room = t.room, false
+		if c.reschedule(r) {
 			return endRescheduled
 		}
+	case dec.Kind == KindDead:
+		forget = false // the retry loop does, once it has run the job's batch
+		r := c.deadRequest(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
+		r.room, t.room = t.room, false
+		c.settleDead(ctx, r, t.suspect)
 	}
 	return endSettled
 }
