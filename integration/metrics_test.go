@@ -90,10 +90,11 @@ pelican_reclaimed_total{%[1]s} 2
 # HELP pelican_stream_length Entries in the job stream (XLEN).
 # TYPE pelican_stream_length gauge
 pelican_stream_length{stream=%[2]q} 0
-# HELP pelican_jobs_processed_total Jobs that went through the handler chain, by the chain's outcome (ack, retry, snooze, dead_letter, abandoned).
+# HELP pelican_jobs_processed_total Jobs that went through the handler chain, by the chain's outcome (ack, retry, snooze, dead_letter, abandoned, cancelled).
 # TYPE pelican_jobs_processed_total counter
 pelican_jobs_processed_total{outcome="abandoned",stream=%[2]q,type="t"} 0
 pelican_jobs_processed_total{outcome="ack",stream=%[2]q,type="t"} 4
+pelican_jobs_processed_total{outcome="cancelled",stream=%[2]q,type="t"} 0
 pelican_jobs_processed_total{outcome="dead_letter",stream=%[2]q,type="t"} 0
 pelican_jobs_processed_total{outcome="retry",stream=%[2]q,type="t"} 0
 pelican_jobs_processed_total{outcome="snooze",stream=%[2]q,type="t"} 0
