@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/control"
 	"github.com/pelicanqueue/pelican/internal/faultproxy"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/middleware/metrics"
 	"github.com/pelicanqueue/pelican/stream"
@@ -350,6 +352,16 @@ func TestAttack14Pause_hostileKeyConsumer(t *testing.T) {
 		since := time.Now()
 		waitStarting(t, rec, since, 15*time.Second, "after "+st.name+" was deleted")
 	}
+	// The hostile values paused nothing, so the starts above do not show
+	// that the consumer has finished reading them: a read of the huge hash
+	// (HGETALL of 50,000 fields, parsed) takes seconds on a busy machine
+	// without any stall, and a message that comes meanwhile is read after
+	// it. A pause of a type no job has, seen in Health, says the reads
+	// before it are done (they are sequential); the wait for it is itself
+	// the check that the consumer is not wedged.
+	caughtUp := time.Now()
+	a14Sentinel(t, c, rdb, s)
+	t.Logf("the consumer had read the hostile values %v after jobs started again", time.Since(caughtUp).Round(time.Millisecond))
 	// Still obeys a real pause within about a second.
 	if err := control.Pause(ctx, rdb, s, control.PauseOptions{}); err != nil {
 		t.Fatal(err)
@@ -366,6 +378,23 @@ func TestAttack14Pause_hostileKeyConsumer(t *testing.T) {
 	if !c.Health().Live {
 		t.Error("consumer not live")
 	}
+}
+
+// a14Sentinel pauses and resumes a type that no job has, waiting each
+// time until c's Health shows it: once it does, c has finished every read
+// of the pauses that was under way or due before.
+func a14Sentinel(t *testing.T, c *consumer.Consumer, rdb redis.UniversalClient, s string) {
+	t.Helper()
+	const typ = "a14-sentinel"
+	follows := func() bool { return slices.Contains(c.Health().PausedTypes, typ) }
+	if err := control.Pause(t.Context(), rdb, s, control.PauseOptions{Type: typ}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, poll.True("the consumer does not follow a type's pause (wedged)", follows))
+	if err := control.Resume(t.Context(), rdb, s, control.ResumeOptions{Type: typ}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, poll.True("the consumer does not follow a type's resume (wedged)", func() bool { return !follows() }))
 }
 
 // While the queue is paused: a consumer started paused is ready without

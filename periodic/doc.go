@@ -15,7 +15,9 @@
 //
 //   - refuses the tick if it is early: no job is ever enqueued before its
 //     tick, whatever the local clocks say (schedulers aim at the tick with
-//     the offset to the Redis clock they measure with every call);
+//     a lower bound of the offset to the Redis clock, which the reply of
+//     every call corrects when it proves it wrong: a slow round trip on a
+//     busy machine does not make a call early);
 //   - refuses it if its marker {stream}:periodic:tick:<name>:<tick ms>
 //     exists (another scheduler enqueued it), or if the schedule's record
 //     (field <name> of the hash {stream}:periodic:last) holds this tick or a

@@ -69,8 +69,14 @@ type Scheduler struct {
 	log     *slog.Logger
 	clock   clock
 	running atomic.Bool
-	// offset is the Redis clock minus the local clock, in nanoseconds.
+	// offset is the Redis clock minus the local clock, in nanoseconds, as
+	// a lower bound (see observe): aimed with it, a call reaches Redis no
+	// earlier than aimed.
 	offset atomic.Int64
+	// measureMu serializes the updates of offset; measured: it holds a
+	// measurement (the first one sets it).
+	measureMu sync.Mutex
+	measured  bool
 
 	// observe, when set (tests), is called with the outcome of every tick
 	// attempt: a status of the script, or "error" or "missed"; and with
@@ -251,16 +257,35 @@ func (s *Scheduler) now() time.Time {
 	return s.clock.Now().Add(time.Duration(s.offset.Load()))
 }
 
-// measure sets the clock offset from Redis TIME.
+// measure measures the clock offset with Redis TIME.
 func (s *Scheduler) measure(ctx context.Context) error {
 	t0 := s.clock.Now()
 	rt, err := s.rdb.Time(ctx).Result()
 	if err != nil {
 		return err
 	}
-	t1 := s.clock.Now()
-	s.offset.Store(int64(rt.Sub(t0.Add(t1.Sub(t0) / 2))))
+	s.measuredAt(t0, s.clock.Now(), rt, time.Microsecond)
 	return nil
+}
+
+// measuredAt takes in a reading rt of the Redis clock, truncated to res,
+// made between the local times t0 and t1 (a call sent and its reply read):
+// the offset was at least rt-t1 and less than rt+res-t0. The offset moves
+// only when a reading proves it wrong (a local clock stepped), and then to
+// the least value the reading allows. So it stays a lower bound, its error
+// is at most the fastest round trip since, and a slow one (a busy machine
+// that sent the call late or read the reply late) does not move it: aimed
+// by the round trip's middle instead, a call whose send had been delayed
+// set the next tick early by up to half its round trip, and the script
+// refused it early (TestScheduler_skewedClocks).
+func (s *Scheduler) measuredAt(t0, t1, rt time.Time, res time.Duration) {
+	lo, hi := int64(rt.Sub(t1)), int64(rt.Add(res).Sub(t0))
+	s.measureMu.Lock()
+	defer s.measureMu.Unlock()
+	if cur := s.offset.Load(); !s.measured || cur < lo || cur >= hi {
+		s.offset.Store(lo)
+		s.measured = true
+	}
 }
 
 var (
@@ -309,8 +334,7 @@ func (s *Scheduler) run(ctx context.Context, e *entry, tick time.Time, catchUp b
 		return "", time.Time{}, errors.New("tick script returned an unexpected reply")
 	}
 	now := time.UnixMilli(nowMS)
-	// The reply's millisecond is truncated: its middle is half a ms later.
-	s.offset.Store(int64(now.Add(time.Millisecond / 2).Sub(t0.Add(t1.Sub(t0) / 2))))
+	s.measuredAt(t0, t1, now, time.Millisecond)
 	return status, now, nil
 }
 
