@@ -175,10 +175,15 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.readPauses(ctx) // before the first job starts
 	work, stopWork := context.WithCancel(c.base)
 	defer stopWork()
-	var loops, side sync.WaitGroup
+	var loops, side, watchers sync.WaitGroup
+	// The control channel and the cancel watcher serve running handlers
+	// until the last has returned: a job cancelled while the consumer
+	// drains is cancelled too.
+	watch, stopWatch := context.WithCancel(c.base)
+	defer stopWatch()
 	cancels := make(chan string, 1)
-	loops.Go(func() { c.watchPauses(work, cancels) })
-	loops.Go(func() { c.watchCancels(work, cancels) })
+	watchers.Go(func() { c.watchPauses(watch, cancels) })
+	watchers.Go(func() { c.watchCancels(watch, cancels) })
 	reader := c.reader
 	if reader == nil {
 		reader = newBlockingReader(c.rdb)
@@ -217,6 +222,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	}
 	c.health.draining.Store(true)
 	stopWork()
+	close(c.pause.quit) // no held job starts now (see pause.go)
 	waitInterrupting(&loops, reader)
 	c.giveBackQueued()
 	close(intakeDone)
@@ -238,6 +244,8 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 		case <-time.After(abandonGrace):
 		}
 	}
+	stopWatch()
+	watchers.Wait()
 	stopBeat()
 	close(stopAcks)
 	side.Wait()

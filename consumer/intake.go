@@ -270,15 +270,21 @@ func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.T
 	return true
 }
 
-// dispatchOwned dispatches entries for which reserved slots are held,
+// dispatchOwned dispatches entries for which reserved slots are held (their
+// tracked jobs cancelled meanwhile are marked first, see markCancelled),
 // waiting for more slots if there are more entries than that (miniredis
 // ignores COUNT when reading history).
 func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Time) {
+	ds := make([]delivery, len(entries))
 	for i, e := range entries {
+		ds[i] = delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at}
+	}
+	c.markCancelled(ds)
+	for i, d := range ds {
 		if i >= reserved {
 			<-c.slots // wait until a slot frees up
 		}
-		c.dispatch(delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at}, false)
+		c.dispatch(d, false)
 	}
 	if len(entries) < reserved {
 		c.release(reserved - len(entries))

@@ -324,9 +324,10 @@ func (c *Consumer) readPauses(ctx context.Context) {
 // message and (re)subscription, at the end of a timed pause, and every
 // pauseRefresh. A consumer that may not subscribe (a Redis ACL without the
 // channel) logs it and relies on the periodic re-read. The entry IDs of
-// cancel messages (see cancel.go) go to cancels.
+// cancel messages (see cancel.go) go to cancels. Run keeps it until its
+// last handler has returned, and closes pause.quit when it stops taking
+// jobs.
 func (c *Consumer) watchPauses(ctx context.Context, cancels chan<- string) {
-	defer close(c.pause.quit)
 	kick := make(chan struct{}, 1)
 	ps := c.rdb.Subscribe(ctx, c.r.keys.Control)
 	recvDone := make(chan struct{})

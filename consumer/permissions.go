@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/internal/perm"
+	"github.com/pelicanqueue/pelican/stream"
 )
 
 // errPermission marks a start-up permission check that failed: waiting
@@ -53,6 +54,8 @@ func (c *Consumer) needs() (needs []perm.Need) {
 	need("counting suspect runs", crash, "GET", crash)
 	need("counting suspect runs", crash, "SET", crash, "1", "PX", "1")
 	need("counting suspect runs", crash, "DEL", crash)
+	rec := stream.JobKey(keys, "0")
+	need("cancel checks of tracked jobs", rec, "GET", rec)
 	need("the Redis clock", "", "TIME")
 	need("scripts", s, "EVALSHA", "0000000000000000000000000000000000000000", "1", s)
 	need("scripts", s, "EVAL", "return 0", "1", s)

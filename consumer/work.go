@@ -59,6 +59,9 @@ type delivery struct {
 	fields     map[string]any
 	deliveries int
 	at         time.Time // when the read that delivered it was sent
+	// cancelled: re-read or reclaimed with its record cancelling for this
+	// entry (see markCancelled): settled cancelled without running.
+	cancelled bool
 }
 
 // dispatch takes in the job of d. For a fresh delivery (a new entry read
@@ -77,17 +80,13 @@ func (c *Consumer) dispatch(d delivery, fresh bool) {
 		free(1)
 		return
 	}
-	// A job delivered again, or rescheduled by a suspect's run, is a
-	// suspect (see suspect.go).
-	// In a Pool, where only a running job holds a slot of the pool's budget,
-	// every entry not fresh is one too (on Redis it is anyway: re-reading
-	// and reclaiming count a delivery), so that the slots taken for the
-	// reads of owned entries (intake.go) only size those reads.
-	suspect := d.deliveries > 1 || d.fields[stream.FieldSuspect] == "1" || (!fresh && c.share != nil)
-	t := &task{id: d.id, d: d, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: suspect, policy: &c.r.pol}
+	t := &task{id: d.id, d: d, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: c.isSuspect(d, fresh), policy: &c.r.pol}
 	t.vctx = jobCtx{Context: c.base, t: t}
 	ctx, cancel := context.WithCancelCause(&t.vctx)
 	t.ctx, t.cancel = ctx, cancel
+	if d.cancelled {
+		cancel(ErrCancelled) // work settles it without running it
+	}
 	c.mu.Lock()
 	_, running := c.inflight[d.id]
 	if !running {
@@ -116,6 +115,16 @@ func (c *Consumer) dispatch(d delivery, fresh bool) {
 			}
 		}()
 	}
+}
+
+// isSuspect reports whether d's job is a suspect (see suspect.go): delivered
+// again, or rescheduled by a suspect's run. In a Pool, where only a running
+// job holds a slot of the pool's budget, every entry not fresh is one too
+// (on Redis it is anyway: re-reading and reclaiming count a delivery), so
+// that the slots taken for the reads of owned entries (intake.go) only size
+// those reads.
+func (c *Consumer) isSuspect(d delivery, fresh bool) bool {
+	return d.deliveries > 1 || d.fields[stream.FieldSuspect] == "1" || (!fresh && c.share != nil)
 }
 
 // runWorker is one of the consumer's Concurrency workers: it runs fresh

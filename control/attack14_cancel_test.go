@@ -110,9 +110,10 @@ func (q *a14q) quiet(group string) {
 }
 
 type a14run struct {
-	c    *consumer.Consumer
-	stop context.CancelFunc
-	done chan error
+	c       *consumer.Consumer
+	stop    context.CancelFunc
+	done    chan error
+	stopped chan struct{} // closed when Run has returned
 }
 
 // start runs a consumer of q; it is stopped at the end of the test.
@@ -140,12 +141,15 @@ func (q *a14q) startOn(rdb redis.UniversalClient, name string, h consumer.Handle
 	}
 	c := consumer.New(rdb, cfg).Use(mws...).Handle(h)
 	ctx, stop := context.WithCancel(context.Background())
-	r := &a14run{c: c, stop: stop, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(ctx) }()
+	r := &a14run{c: c, stop: stop, done: make(chan error, 1), stopped: make(chan struct{})}
+	go func() {
+		r.done <- c.Run(ctx)
+		close(r.stopped)
+	}()
 	q.t.Cleanup(func() {
 		stop()
 		select {
-		case <-r.done:
+		case <-r.stopped:
 		case <-time.After(30 * time.Second):
 			q.t.Errorf("consumer %s did not stop", name)
 		}
@@ -526,7 +530,6 @@ func TestAttack14Cancel_messageLostThroughProxy(t *testing.T) {
 // the README allows ("a consumer whose ACL denies SUBSCRIBE costs at most
 // about a second").
 func TestAttack14Cancel_noSubscribePermission(t *testing.T) {
-	t.Skip("FINDING: the consumer ACL line of docs/acl.md lacks MGET, which the once-a-second cancel check needs: without SUBSCRIBE (or with a lost message) a running job is never cancelled; Run's ACL check at start does not name MGET")
 	a14noSubscribe(t, "")
 }
 
@@ -844,7 +847,6 @@ func TestAttack14Cancel_openBreaker(t *testing.T) {
 // the handler's context with cause ErrCancelled within about a second; they
 // make no exception for a draining consumer.
 func TestAttack14Cancel_duringDrain(t *testing.T) {
-	t.Skip("FINDING: a consumer that is draining at shutdown ignores control.Cancel: the running handler's context is never cancelled (record stays cancelling, Shutdown waits on)")
 	q := newA14Queue(t, nil)
 	ctx := context.Background()
 	l := newA14Ledger()
@@ -891,7 +893,6 @@ func TestAttack14Cancel_duringDrain(t *testing.T) {
 // its record cancelling), every job ends cancelled and a second consumer
 // never runs one.
 func TestAttack14Cancel_shutdownGiveBack(t *testing.T) {
-	t.Skip("FINDING: jobs cancelled (record cancelling) while their consumer shuts down are given back and then run in full by the consumer that takes them, and recorded done")
 	q := newA14Queue(t, nil)
 	ctx := context.Background()
 	l := newA14Ledger()
@@ -953,6 +954,73 @@ func TestAttack14Cancel_shutdownGiveBack(t *testing.T) {
 	}
 	if st1.Cancelled+st2.Cancelled != uint64(len(ids)) || st1.Acked+st2.Acked != 0 {
 		t.Errorf("cancelled %d+%d acked %d+%d, want %d cancelled", st1.Cancelled, st2.Cancelled, st1.Acked, st2.Acked, len(ids))
+	}
+	q.quiet("g")
+}
+
+// TestCancel_givenBackThenCancelled stops a consumer whose handlers end
+// by ErrShutdown (the jobs are given back, their delivery count lowered:
+// no suspects), then cancels the jobs, pending with nobody running them: the
+// consumer that reclaims them settles them cancelled without running them;
+// the untracked job given back beside them runs.
+func TestCancel_givenBackThenCancelled(t *testing.T) {
+	q := newA14Queue(t, nil)
+	ctx := context.Background()
+	l := newA14Ledger()
+	r1 := q.start("c1", blocking(l, "c1", nil, func(ctx context.Context) error { return context.Cause(ctx) }),
+		func(c *consumer.Config) { c.ShutdownTimeout = time.Millisecond })
+	var ids []string
+	for i := 0; i < 3; i++ {
+		id, _ := q.enqueue(i)
+		ids = append(ids, id)
+	}
+	uj, _ := stream.NewJSONJob("a14", map[string]int{"n": 9})
+	if _, err := stream.NewProducer(q.rdb, stream.ProducerConfig{Stream: q.name}).Enqueue(ctx, uj); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range append([]string{uj.ID}, ids...) {
+		waitCh(t, l.ch(l.started, id), 20*time.Second, "start")
+	}
+	r1.stop()
+	<-r1.stopped
+	l.mu.Lock()
+	for _, id := range ids {
+		if c := l.causes[id]; len(c) != 1 || !errors.Is(c[0], consumer.ErrShutdown) {
+			l.mu.Unlock()
+			t.Fatalf("job %s ended with %v before the cancel, want ErrShutdown: the precondition broke", id, c)
+		}
+	}
+	l.mu.Unlock()
+	for _, id := range ids {
+		if was, err := control.Cancel(ctx, q.rdb, q.name, id); err != nil || was != stream.StateCancelling {
+			t.Fatalf("Cancel of a given-back job = %q, %v; want cancelling", was, err)
+		}
+	}
+	var ran2 sync.Map
+	r2 := q.start("c2", consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		ran2.Store(job.ID, true)
+		return nil
+	}), nil)
+	for _, id := range ids {
+		q.waitState(id, 30*time.Second, stream.StateCancelled, stream.StateDone)
+	}
+	poll.Until(t, 30*time.Second, func() (bool, string) {
+		_, ok := ran2.Load(uj.ID)
+		return ok, "the untracked job given back has not run on c2"
+	})
+	if err := r2.c.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if s := q.lookup(id).State; s != stream.StateCancelled {
+			t.Errorf("job %s ended %q, want cancelled", id, s)
+		}
+		if _, ok := ran2.Load(id); ok {
+			t.Errorf("c2 ran cancelled job %s", id)
+		}
+	}
+	if st := r2.c.Stats(); st.Cancelled != 3 || st.Acked != 1 {
+		t.Errorf("c2 stats %+v; want 3 cancelled, 1 acked", st)
 	}
 	q.quiet("g")
 }
