@@ -323,7 +323,7 @@ func TestAttack16Pool_budgetAndMax(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, 18*time.Second, "every job done", func() bool {
+	waitFor(t, 90*time.Second, "every job done", func() bool {
 		_, _, _, _, done := m.snapshot()
 		return done == per*len(opts)
 	})
@@ -371,7 +371,7 @@ func TestAttack16Pool_maxDoesNotBlockOthers(t *testing.T) {
 			p.Add(poolConfig(pre+":lo"), consumer.QueueOptions{Weight: 1}).
 				Handle(m.handler("lo", func() time.Duration { return 100 * time.Millisecond }))
 			runPool(t, p)
-			waitFor(t, 15*time.Second, "2 low-priority jobs at once beside 2 high ones", func() bool {
+			waitFor(t, 90*time.Second, "2 low-priority jobs at once beside 2 high ones", func() bool {
 				_, _, _, mx, _ := m.snapshot()
 				return mx["lo"] >= 2
 			})
@@ -399,7 +399,7 @@ func TestAttack16Pool_minUnderStrictFlood(t *testing.T) {
 	lo := p.Add(poolConfig(pre+":lo"), consumer.QueueOptions{Priority: 0, Min: 1}).
 		Handle(m.handler("lo", func() time.Duration { return 0 }))
 	runPool(t, p)
-	waitFor(t, 10*time.Second, "the high queue running 2 jobs", func() bool {
+	waitFor(t, 90*time.Second, "the high queue running 2 jobs", func() bool {
 		_, _, cur, _, _ := m.snapshot()
 		return cur["hi"] >= 2
 	})
@@ -490,7 +490,7 @@ func TestAttack16Pool_lifecycle(t *testing.T) {
 			return nil
 		}))
 		stop := runPool(t, p)
-		waitFor(t, 10*time.Second, "pool ready", func() bool { return p.Health().Ready })
+		waitFor(t, 90*time.Second, "pool ready", func() bool { return p.Health().Ready })
 		second := make(chan error, 1)
 		go func() { second <- p.Run(context.Background()) }()
 		select {
@@ -531,7 +531,7 @@ func TestAttack16Pool_lifecycle(t *testing.T) {
 		p := consumer.NewPool(rdb, consumer.PoolConfig{})
 		p.Add(poolConfig(pre+":a"), consumer.QueueOptions{}).Handle(h)
 		runPool(t, p)
-		waitFor(t, 10*time.Second, "pool ready", func() bool { return p.Health().Ready })
+		waitFor(t, 90*time.Second, "pool ready", func() bool { return p.Health().Ready })
 		var ran atomic.Int32
 		late := p.Add(poolConfig(pre+":late"), consumer.QueueOptions{}).Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error {
 			ran.Add(1)
@@ -571,10 +571,10 @@ func TestAttack16Pool_idleNoCredit(t *testing.T) {
 	p.Add(cfgA, consumer.QueueOptions{Weight: 1}).Handle(m.handler("a", job))
 	p.Add(cfgB, consumer.QueueOptions{Weight: 1}).Handle(m.handler("b", job))
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "a's first 200 starts", func() bool { return len(m.starts()) >= 200 })
+	waitFor(t, 90*time.Second, "a's first 200 starts", func() bool { return len(m.starts()) >= 200 })
 	t0 := time.Now()
 	poolFill(t, rdb, pre+":b", 500)
-	waitFor(t, 10*time.Second, "b's first start", func() bool {
+	waitFor(t, 90*time.Second, "b's first start", func() bool {
 		for _, q := range m.starts() {
 			if q == "b" {
 				return true
@@ -591,7 +591,7 @@ func TestAttack16Pool_idleNoCredit(t *testing.T) {
 			break
 		}
 	}
-	waitFor(t, 15*time.Second, "100 starts after b's first", func() bool { return len(m.starts()) >= at+100 })
+	waitFor(t, 90*time.Second, "100 starts after b's first", func() bool { return len(m.starts()) >= at+100 })
 	win := m.starts()[at : at+100]
 	nb := 0
 	for _, q := range win {
@@ -621,7 +621,7 @@ func TestAttack16Pool_ratioOneSlot(t *testing.T) {
 	p.Add(cfgA, consumer.QueueOptions{Weight: 3}).Handle(m.handler("a", job))
 	p.Add(cfgB, consumer.QueueOptions{Weight: 1}).Handle(m.handler("b", job))
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "500 starts", func() bool { return len(m.starts()) >= 500 })
+	waitFor(t, 90*time.Second, "500 starts", func() bool { return len(m.starts()) >= 500 })
 	seq := m.starts()[100:500] // skip the start, while the reads fill up
 	na := 0
 	for _, q := range seq {
@@ -669,14 +669,14 @@ func TestAttack16Pool_poisonNoSlotLeak(t *testing.T) {
 	poolFill(t, rdb, pre+":poison", nPoison)
 	poolFill(t, rdb, pre+":good", 5) // served beside the poison
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "every poison job dead-lettered", func() bool { return poison.Stats().DeadLettered == nPoison })
-	waitFor(t, 15*time.Second, "the good queue's first jobs", func() bool { return good.Stats().Acked == 5 })
-	waitFor(t, 5*time.Second, "no slot held", func() bool {
+	waitFor(t, 90*time.Second, "every poison job dead-lettered", func() bool { return poison.Stats().DeadLettered == nPoison })
+	waitFor(t, 90*time.Second, "the good queue's first jobs", func() bool { return good.Stats().Acked == 5 })
+	waitFor(t, 90*time.Second, "no slot held", func() bool {
 		h := p.Health()
 		return h.Queues[0].Running == 0 && h.Queues[1].Running == 0
 	})
 	poolFill(t, rdb, pre+":good", 3*conc)
-	waitFor(t, 15*time.Second, fmt.Sprintf("%d good jobs at once after the poison", conc), func() bool {
+	waitFor(t, 90*time.Second, fmt.Sprintf("%d good jobs at once after the poison", conc), func() bool {
 		_, _, cur, _, _ := m.snapshot()
 		return cur["good"] == conc
 	})
@@ -713,9 +713,9 @@ func TestAttack16Pool_blockedForeverShutdown(t *testing.T) {
 	poolFill(t, rdb, pre+":stuck", 1)
 	done := make(chan error, 1)
 	go func() { done <- p.Run(context.Background()) }()
-	waitFor(t, 10*time.Second, "the stuck job running", func() bool { return stuckStarted.Load() == 1 })
+	waitFor(t, 90*time.Second, "the stuck job running", func() bool { return stuckStarted.Load() == 1 })
 	poolFill(t, rdb, pre+":waiting", 20)
-	waitFor(t, 10*time.Second, "the waiting queue's jobs read and waiting", func() bool { return p.Health().Queues[1].Waiting > 0 })
+	waitFor(t, 90*time.Second, "the waiting queue's jobs read and waiting", func() bool { return p.Health().Queues[1].Waiting > 0 })
 	shutdownAt.Store(time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
@@ -753,7 +753,7 @@ func TestAttack16Pool_blockedForeverShutdown(t *testing.T) {
 		return nil
 	}))
 	runPool(t, p2)
-	waitFor(t, 10*time.Second, "the given-back jobs run by the second pool", func() bool { return ran.Load() == 20 })
+	waitFor(t, 90*time.Second, "the given-back jobs run by the second pool", func() bool { return ran.Load() == 20 })
 }
 
 // TestAttack16Pool_ownShutdownTimeouts: cancelling Run's context drains
@@ -791,7 +791,7 @@ func TestAttack16Pool_ownShutdownTimeouts(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
-	waitFor(t, 10*time.Second, "both jobs running", func() bool { return started.Load() == 2 })
+	waitFor(t, 90*time.Second, "both jobs running", func() bool { return started.Load() == 2 })
 	t0 := time.Now()
 	cancel()
 	var err error
@@ -865,7 +865,7 @@ func TestAttack16Pool_fatalQueue(t *testing.T) {
 		return nil
 	}))
 	runPool(t, p2)
-	waitFor(t, 10*time.Second, "every good job done", func() bool {
+	waitFor(t, 90*time.Second, "every good job done", func() bool {
 		n, err := rdb.XPending(context.Background(), pre+":good", "g").Result()
 		l, _ := rdb.XInfoGroups(context.Background(), pre+":good").Result()
 		return err == nil && n.Count == 0 && len(l) == 1 && l[0].Lag == 0 && finished.Load() >= 3
@@ -1016,11 +1016,11 @@ func TestAttack16Pool_oneNodeDown(t *testing.T) {
 		p.Add(cfg, consumer.QueueOptions{}).Handle(h)
 	}
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "pool ready", func() bool { return p.Health().Ready })
+	waitFor(t, 90*time.Second, "pool ready", func() bool { return p.Health().Ready })
 	node := cl.Nodes()[1]
 	node.Stop()
 	stopped := time.Now()
-	waitFor(t, 10*time.Second, "the pool not ready with master 1 frozen", func() bool { return !p.Health().Ready })
+	waitFor(t, 90*time.Second, "the pool not ready with master 1 frozen", func() bool { return !p.Health().Ready })
 	notReadyAfter := time.Since(stopped)
 	hh := p.Health()
 	// Jobs on the live master run meanwhile.
@@ -1030,7 +1030,7 @@ func TestAttack16Pool_oneNodeDown(t *testing.T) {
 			t.Fatalf("enqueue on the live master: %v", err)
 		}
 	}
-	waitFor(t, 10*time.Second, "the live master's queue running jobs beside the frozen one", func() bool { return ndone(names[0]) == 10 })
+	waitFor(t, 90*time.Second, "the live master's queue running jobs beside the frozen one", func() bool { return ndone(names[0]) == 10 })
 	hLive := p.Health()
 	node.Cont()
 	t.Logf("not ready %v after the freeze; health then: %+v", notReadyAfter, hh)
@@ -1046,14 +1046,14 @@ func TestAttack16Pool_oneNodeDown(t *testing.T) {
 	if hLive.Queues[1].Ready {
 		t.Errorf("the frozen queue reported ready")
 	}
-	waitFor(t, 15*time.Second, "the pool ready again after SIGCONT", func() bool { return p.Health().Ready })
+	waitFor(t, 90*time.Second, "the pool ready again after SIGCONT", func() bool { return p.Health().Ready })
 	prod1 := stream.NewProducer(rdb, stream.ProducerConfig{Stream: names[1]})
 	for i := 0; i < 10; i++ {
 		if _, err := prod1.Enqueue(context.Background(), &stream.Job{Type: "t", Payload: fmt.Appendf(nil, "%s/%d", names[1], i)}); err != nil {
 			t.Fatalf("enqueue on the thawed master: %v", err)
 		}
 	}
-	waitFor(t, 15*time.Second, "the thawed queue's jobs", func() bool { return ndone(names[1]) == 10 })
+	waitFor(t, 90*time.Second, "the thawed queue's jobs", func() bool { return ndone(names[1]) == 10 })
 }
 
 // TestAttack16Pool_minBeatsWeight: Min is a reservation whatever the
@@ -1074,7 +1074,7 @@ func TestAttack16Pool_minBeatsWeight(t *testing.T) {
 	p.Add(cfgA, consumer.QueueOptions{Weight: 1, Min: 2}).Handle(m.handler("a", job))
 	p.Add(cfgB, consumer.QueueOptions{Weight: 9}).Handle(m.handler("b", job))
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "500 starts", func() bool { return len(m.starts()) >= 500 })
+	waitFor(t, 90*time.Second, "500 starts", func() bool { return len(m.starts()) >= 500 })
 	seq := m.starts()[100:500]
 	na := 0
 	for _, q := range seq {
@@ -1124,7 +1124,7 @@ func TestAttack16Pool_redisCutOff(t *testing.T) {
 		hd.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 		return rec.Code
 	}
-	waitFor(t, 15*time.Second, "100 jobs done and ready", func() bool {
+	waitFor(t, 90*time.Second, "100 jobs done and ready", func() bool {
 		mu.Lock()
 		n := len(done)
 		mu.Unlock()
@@ -1132,7 +1132,7 @@ func TestAttack16Pool_redisCutOff(t *testing.T) {
 	})
 	px.Blackhole()
 	cut := time.Now()
-	waitFor(t, 10*time.Second, "not ready", func() bool { return code(p.ReadyHandler()) == http.StatusServiceUnavailable })
+	waitFor(t, 90*time.Second, "not ready", func() bool { return code(p.ReadyHandler()) == http.StatusServiceUnavailable })
 	if d := time.Since(cut); d > 3*time.Second {
 		t.Errorf("not ready %v after the cut, visibility timeout 2s", d)
 	}
@@ -1147,7 +1147,7 @@ func TestAttack16Pool_redisCutOff(t *testing.T) {
 		}
 	}
 	px.Pass()
-	waitFor(t, 15*time.Second, "ready again and every job done", func() bool {
+	waitFor(t, 90*time.Second, "ready again and every job done", func() bool {
 		mu.Lock()
 		n := len(done)
 		mu.Unlock()
@@ -1176,7 +1176,7 @@ func TestAttack16Pool_strictTiesAndNegative(t *testing.T) {
 		p.Add(cfg, consumer.QueueOptions{Priority: q.prio, Weight: q.wt}).Handle(m.handler(q.name, job))
 	}
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "600 starts", func() bool { return len(m.starts()) >= 600 })
+	waitFor(t, 90*time.Second, "600 starts", func() bool { return len(m.starts()) >= 600 })
 	seq := m.starts()[200:600]
 	n := map[string]int{}
 	for _, q := range seq {
@@ -1227,7 +1227,7 @@ func TestAttack16Pool_onDeadLetterInSlot(t *testing.T) {
 		}))
 	}
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "40 dead letters", func() bool { return dl.Load() == 40 })
+	waitFor(t, 90*time.Second, "40 dead letters", func() bool { return dl.Load() == 40 })
 	if pk := peak.Load(); pk > conc {
 		t.Errorf("%d handlers and OnDeadLetter callbacks ran at once, Concurrency %d", pk, conc)
 	}
@@ -1244,7 +1244,7 @@ func TestAttack16Pool_afterRun(t *testing.T) {
 	p := consumer.NewPool(rdb, consumer.PoolConfig{})
 	q := p.Add(poolConfig(pre+":a"), consumer.QueueOptions{}).Handle(h)
 	stop := runPool(t, p)
-	waitFor(t, 10*time.Second, "ready", func() bool { return p.Health().Ready })
+	waitFor(t, 90*time.Second, "ready", func() bool { return p.Health().Ready })
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -1295,7 +1295,7 @@ func TestAttack16Pool_groupRecovery(t *testing.T) {
 	runPool(t, p)
 	poolFill(t, rdb, pre+":a", 10)
 	poolFill(t, rdb, pre+":b", 10)
-	waitFor(t, 10*time.Second, "20 done", func() bool { _, _, _, _, d := m.snapshot(); return d == 20 })
+	waitFor(t, 90*time.Second, "20 done", func() bool { _, _, _, _, d := m.snapshot(); return d == 20 })
 	ctx := context.Background()
 	for _, step := range []func() error{
 		func() error { return rdb.XGroupDestroy(ctx, pre+":b", "g").Err() },
@@ -1316,7 +1316,7 @@ func TestAttack16Pool_groupRecovery(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		waitFor(t, 15*time.Second, "the new jobs of both queues done", func() bool { _, _, _, _, d := m.snapshot(); return d == before+10 })
+		waitFor(t, 90*time.Second, "the new jobs of both queues done", func() bool { _, _, _, _, d := m.snapshot(); return d == before+10 })
 	}
 	if h := p.Health(); !h.Live {
 		t.Errorf("pool not live after a group recovery: %+v", h)
@@ -1386,7 +1386,7 @@ func TestAttack16Pool_loggerNoPayload(t *testing.T) {
 		}
 	}
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "4 dead letters and 1 ack per queue", func() bool {
+	waitFor(t, 90*time.Second, "4 dead letters and 1 ack per queue", func() bool {
 		for _, q := range qs {
 			st := q.Stats()
 			if st.DeadLettered != 5 || st.Acked != 1 {
@@ -1467,10 +1467,10 @@ func TestAttack16Pool_redisCrashRestart(t *testing.T) {
 		qs = append(qs, p.Add(cfg, consumer.QueueOptions{}).Handle(m.handler(s, func() time.Duration { return 3 * time.Millisecond })))
 	}
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "100 jobs done", func() bool { _, _, _, _, d := m.snapshot(); return d >= 100 })
+	waitFor(t, 90*time.Second, "100 jobs done", func() bool { _, _, _, _, d := m.snapshot(); return d >= 100 })
 	srv.Kill9()
 	srv.Restart()
-	waitFor(t, 18*time.Second, "every job done and settled", func() bool {
+	waitFor(t, 90*time.Second, "every job done and settled", func() bool {
 		_, _, _, _, d := m.snapshot()
 		if d != 600 {
 			return false
@@ -1520,7 +1520,7 @@ func TestAttack16Pool_budgetStress(t *testing.T) {
 				p.Add(cfg, o).Handle(m.handler(q, func() time.Duration { return time.Duration(rand.IntN(500)) * time.Microsecond }))
 			}
 			runPool(t, p)
-			waitFor(t, 18*time.Second, "every job done", func() bool { _, _, _, _, d := m.snapshot(); return d == per*nq })
+			waitFor(t, 90*time.Second, "every job done", func() bool { _, _, _, _, d := m.snapshot(); return d == per*nq })
 			_, allMax, _, mx, _ := m.snapshot()
 			if allMax > conc {
 				t.Errorf("%d handlers at once, Concurrency %d", allMax, conc)
@@ -1552,7 +1552,7 @@ func TestAttack16Pool_priorityIgnoredWeighted(t *testing.T) {
 		p.Add(cfg, consumer.QueueOptions{Priority: q.prio}).Handle(m.handler(q.name, func() time.Duration { return 2 * time.Millisecond }))
 	}
 	runPool(t, p)
-	waitFor(t, 15*time.Second, "400 starts", func() bool { return len(m.starts()) >= 400 })
+	waitFor(t, 90*time.Second, "400 starts", func() bool { return len(m.starts()) >= 400 })
 	n := 0
 	for _, q := range m.starts()[100:400] {
 		if q == "hi" {
@@ -1627,13 +1627,13 @@ func TestAttack16Pool_retrySnooze(t *testing.T) {
 	p.Add(poolConfig(pre+":o"), consumer.QueueOptions{}).Handle(m.handler("o", func() time.Duration { return 100 * time.Millisecond }))
 	poolFill(t, rdb, pre+":r", 20)
 	runPool(t, p)
-	waitFor(t, 10*time.Second, "20 jobs rescheduled", func() bool { s := r.Stats(); return s.Snoozed+s.Retried == 20 })
+	waitFor(t, 90*time.Second, "20 jobs rescheduled", func() bool { s := r.Stats(); return s.Snoozed+s.Retried == 20 })
 	poolFill(t, rdb, pre+":o", 6)
-	waitFor(t, 5*time.Second, "the other queue at 2 at once while 20 jobs are delayed", func() bool {
+	waitFor(t, 90*time.Second, "the other queue at 2 at once while 20 jobs are delayed", func() bool {
 		_, _, cur, _, _ := m.snapshot()
 		return cur["o"] == 2
 	})
-	waitFor(t, 15*time.Second, "20 jobs done after their second run", func() bool {
+	waitFor(t, 90*time.Second, "20 jobs done after their second run", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(done) == 20
