@@ -207,7 +207,11 @@ func (c *Consumer) rescheduled(r *retryReq, v any, err error) bool {
 // retryArgs returns retry.lua's keys and arguments for batch.
 func (c *Consumer) retryArgs(batch []*retryReq) ([]string, []any) {
 	keys := []string{c.r.Stream, c.r.keys.Delayed}
-	args := []any{c.r.Group, c.r.Consumer}
+	n := 2
+	for _, r := range batch {
+		n += 2 + len(r.args)
+	}
+	args := append(make([]any, 0, n), c.r.Group, c.r.Consumer)
 	for _, r := range batch {
 		k := 0
 		if r.index != "" {
@@ -243,13 +247,13 @@ func (c *Consumer) retryRequest(jobCtx context.Context, job *stream.Job, d deliv
 	// retry.lua compares the delay in ms: a positive delay under 1 ms is no
 	// delay, and must come with the fields of the entry to add at once.
 	r := &retryReq{id: d.id, job: job, ran: t.handlerTime(), msg: msg, delay: delay, count: count}
-	r.args = []any{d.id, delay.Milliseconds()}
 	if delay.Milliseconds() > 0 {
 		member := stream.EncodeDelayed(d.id, fields)
-		r.args = append(r.args, member, 0)
+		r.args = []any{d.id, delay.Milliseconds(), member, 0}
 		r.size = len(member)
 	} else {
-		r.args = append(r.args, "", len(fields))
+		// One slice for the values and the fields: no copy of the fields.
+		r.args = append(make([]any, 0, 4+len(fields)), d.id, 0, "", len(fields))
 		r.args = append(r.args, fields...)
 		for _, f := range fields {
 			switch v := f.(type) {

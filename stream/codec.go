@@ -57,16 +57,19 @@ func (e *DecodeError) Error() string {
 // Stream, Group, Deliveries, AttemptLimit) are not written, nor is an Extra entry whose name is a
 // v1 field or a header field.
 func Encode(j *Job) []any {
-	f := make([]any, 0, 8+2*(len(j.Headers)+len(j.Extra)))
+	// Room for every field at once (17 in format v1): growing the slice
+	// would copy it, and a closure appending to it would move it to the heap.
+	f := make([]any, 0, 2*(17+len(j.Headers)+len(j.Extra)))
 	f = append(f, FieldVersion, "1", FieldType, j.Type, FieldPayload, j.Payload)
-	add := func(name, v string) {
-		if v != "" {
-			f = append(f, name, v)
-		}
+	if j.ID != "" {
+		f = append(f, FieldJobID, j.ID)
 	}
-	add(FieldJobID, j.ID)
-	add(FieldContentType, j.ContentType)
-	add(FieldIdempotencyKey, j.IdempotencyKey)
+	if j.ContentType != "" {
+		f = append(f, FieldContentType, j.ContentType)
+	}
+	if j.IdempotencyKey != "" {
+		f = append(f, FieldIdempotencyKey, j.IdempotencyKey)
+	}
 	if j.Attempt > 0 {
 		f = append(f, FieldAttempt, strconv.Itoa(j.Attempt))
 	}
@@ -76,10 +79,18 @@ func Encode(j *Job) []any {
 	if !j.CreatedAt.IsZero() {
 		f = append(f, FieldCreatedAt, strconv.FormatInt(j.CreatedAt.UnixMilli(), 10))
 	}
-	add(FieldLockKey, j.LockKey)
-	add(FieldTraceParent, j.TraceParent)
-	add(FieldTraceState, j.TraceState)
-	add(FieldLastError, j.LastError)
+	if j.LockKey != "" {
+		f = append(f, FieldLockKey, j.LockKey)
+	}
+	if j.TraceParent != "" {
+		f = append(f, FieldTraceParent, j.TraceParent)
+	}
+	if j.TraceState != "" {
+		f = append(f, FieldTraceState, j.TraceState)
+	}
+	if j.LastError != "" {
+		f = append(f, FieldLastError, j.LastError)
+	}
 	if len(j.ErrorHistory) > 0 {
 		b, _ := json.Marshal(j.ErrorHistory)
 		f = append(f, FieldErrorHistory, string(b))
