@@ -440,7 +440,9 @@ func a9CrashCountsPerGroup(t *testing.T, mode string, visibility time.Duration) 
 	if err := s.rdb.XGroupCreateMkStream(ctx, s.stream, "B", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	id := s.a9Enqueue(a9Job{SleepMS: 1500, Crash: "before", CrashOn: "a1"})[0]
+	// The job runs long on b1 only, which is killed while running it; on
+	// a1 it crashes at once.
+	id := s.a9Enqueue(a9Job{SleepMS: 1500, SleepOn: "b1", Crash: "before", CrashOn: "a1"})[0]
 	cfgA := a9Config{Group: "A", MaxCrashes: 3, Visibility: visibility}
 	cfgB := a9Config{Group: "B", MaxCrashes: 3, Visibility: visibility}
 	// stalled reports a run of the job that lost its lease.
