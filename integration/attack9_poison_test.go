@@ -420,60 +420,105 @@ func TestAttack9_poison_crashCountsPerGroup(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"falseDeadLetterInB", "countResetForA"} {
 		t.Run(mode, func(t *testing.T) {
-			s := newA9Scenario(t)
-			ctx := context.Background()
-			if err := s.rdb.XGroupCreateMkStream(ctx, s.stream, "B", "0").Err(); err != nil {
-				t.Fatal(err)
-			}
-			id := s.a9Enqueue(a9Job{SleepMS: 1500, Crash: "before", CrashOn: "a1"})[0]
-			cfgA, cfgB := a9Config{Group: "A", MaxCrashes: 3}, a9Config{Group: "B", MaxCrashes: 3}
-			// Group A: runs that crash a1 (the last one dies crashed if
-			// it gets to 1 + MaxCrashes).
-			runsA := 3
-			if mode == "falseDeadLetterInB" {
-				runsA = 4
-			}
-			for i := 1; i <= runsA; i++ {
-				w := s.a9Worker("a1", cfgA)
-				eventually(t, time.Minute, func() (bool, string) { return a9Exited(w), "a1 still running" })
-			}
-			// Group B: killed once while running the job, restarted.
-			b := s.a9Worker("b1", cfgB)
-			eventually(t, time.Minute, func() (bool, string) {
-				return a9CountBy(readLedger(t, s.ledger), "start", id, "b1") == 1, "b1 has not started the job"
+			redistest.Widen(t, "visibility", 600*time.Millisecond, func(t *testing.T, visibility time.Duration) time.Duration {
+				return a9CrashCountsPerGroup(t, mode, visibility)
 			})
-			b.kill()
-			b = s.a9Worker("b1", cfgB)
-			eventually(t, time.Minute, func() (bool, string) {
-				return s.pending("B") == 0, "group B has not settled the job"
-			})
-			b.term()
-			_ = b.wait(30 * time.Second)
-			if mode == "falseDeadLetterInB" {
-				for _, d := range s.a9DeadLetters() {
-					if d.Fields["dead_consumer"] == "b1" {
-						t.Errorf("group B dead-lettered the job after its worker stopped once while running it: %s", d.Error)
-					}
-				}
-				if n := a9CountBy(readLedger(t, s.ledger), "effect", id, "b1"); n != 1 {
-					t.Errorf("group B ran the job to its effect %d times, want 1", n)
-				}
-				return
-			}
-			// Group A goes on until the job dies there.
-			for s.pending("A") > 0 || a9CountBy(readLedger(t, s.ledger), "start", id, "a1") < runsA {
-				w := s.a9Worker("a1", cfgA)
-				eventually(t, time.Minute, func() (bool, string) { return a9Exited(w) || s.pending("A") == 0, "a1 still running" })
-				if !a9Exited(w) {
-					w.term()
-					_ = w.wait(30 * time.Second)
-				}
-			}
-			if n := a9CountBy(readLedger(t, s.ledger), "start", id, "a1"); n > 4 {
-				t.Errorf("group A ran its poison job %d times, want at most 1 + MaxCrashes = 4", n)
-			}
 		})
 	}
+}
+
+// a9CrashCountsPerGroup runs one mode of TestAttack9_poison_crashCountsPerGroup
+// with the workers' visibility timeout. The scenario needs each run of a1 to
+// end in its crash and each run of b1 to end in its kill or its effect: a
+// worker that stalled past its lease (its handler cancelled with
+// ErrLeaseLost, or finding its context ended) had the job reclaimed, a
+// delivery the scenario does not count on, and the run checked nothing: it
+// returns a wider visibility timeout.
+func a9CrashCountsPerGroup(t *testing.T, mode string, visibility time.Duration) (wider time.Duration) {
+	s := newA9Scenario(t)
+	ctx := context.Background()
+	if err := s.rdb.XGroupCreateMkStream(ctx, s.stream, "B", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The job runs long on b1 only, which is killed while running it; on
+	// a1 it crashes at once.
+	id := s.a9Enqueue(a9Job{SleepMS: 1500, SleepOn: "b1", Crash: "before", CrashOn: "a1"})[0]
+	cfgA := a9Config{Group: "A", MaxCrashes: 3, Visibility: visibility}
+	cfgB := a9Config{Group: "B", MaxCrashes: 3, Visibility: visibility}
+	// stalled reports a run of the job that lost its lease.
+	stalled := func() string {
+		for _, e := range readLedger(t, s.ledger) {
+			if e.JobID == id && (e.Event == "cancel_lease" || e.Event == "late") {
+				return fmt.Sprintf("%s on %s (delivery %d)", e.Event, e.Consumer, e.Deliveries)
+			}
+		}
+		return ""
+	}
+	// exited waits until w exits, or a run stalled past its lease.
+	exited := func(w *worker, what string) (stall string) {
+		eventually(t, time.Minute, func() (bool, string) {
+			stall = stalled()
+			return stall != "" || a9Exited(w), what
+		})
+		return stall
+	}
+	tooSlow := func(stall string) time.Duration {
+		t.Logf("a worker stalled past its lease (visibility timeout %v): %s; the scenario checked nothing", visibility, stall)
+		return 2 * visibility
+	}
+	// Group A: runs that crash a1 (the last one dies crashed if it gets
+	// to 1 + MaxCrashes).
+	runsA := 3
+	if mode == "falseDeadLetterInB" {
+		runsA = 4
+	}
+	for i := 1; i <= runsA; i++ {
+		if stall := exited(s.a9Worker("a1", cfgA), "a1 still running"); stall != "" {
+			return tooSlow(stall)
+		}
+	}
+	// Group B: killed once while running the job, restarted.
+	b := s.a9Worker("b1", cfgB)
+	eventually(t, time.Minute, func() (bool, string) {
+		return a9CountBy(readLedger(t, s.ledger), "start", id, "b1") == 1, "b1 has not started the job"
+	})
+	b.kill()
+	b = s.a9Worker("b1", cfgB)
+	eventually(t, time.Minute, func() (bool, string) {
+		return s.pending("B") == 0, "group B has not settled the job"
+	})
+	b.term()
+	_ = b.wait(30 * time.Second)
+	if stall := stalled(); stall != "" {
+		return tooSlow(stall)
+	}
+	if mode == "falseDeadLetterInB" {
+		for _, d := range s.a9DeadLetters() {
+			if d.Fields["dead_consumer"] == "b1" {
+				t.Errorf("group B dead-lettered the job after its worker stopped once while running it: %s", d.Error)
+			}
+		}
+		if n := a9CountBy(readLedger(t, s.ledger), "effect", id, "b1"); n != 1 {
+			t.Errorf("group B ran the job to its effect %d times, want 1", n)
+		}
+		return 0
+	}
+	// Group A goes on until the job dies there.
+	for s.pending("A") > 0 || a9CountBy(readLedger(t, s.ledger), "start", id, "a1") < runsA {
+		w := s.a9Worker("a1", cfgA)
+		eventually(t, time.Minute, func() (bool, string) { return a9Exited(w) || s.pending("A") == 0, "a1 still running" })
+		if !a9Exited(w) {
+			w.term()
+			_ = w.wait(30 * time.Second)
+		}
+	}
+	if stall := stalled(); stall != "" {
+		return tooSlow(stall)
+	}
+	if n := a9CountBy(readLedger(t, s.ledger), "start", id, "a1"); n > 4 {
+		t.Errorf("group A ran its poison job %d times, want at most 1 + MaxCrashes = 4", n)
+	}
+	return 0
 }
 
 // The count is cleared when a job settles (README, Poison isolation): also

@@ -58,8 +58,10 @@ type a9Config struct {
 
 // a9Job is the payload of an attack9 job: what the handler does.
 type a9Job struct {
-	SleepMS   int  `json:"sleep_ms,omitempty"`
-	IgnoreCtx bool `json:"ignore_ctx,omitempty"`
+	SleepMS int `json:"sleep_ms,omitempty"`
+	// SleepOn limits the sleep to the worker of that consumer name.
+	SleepOn   string `json:"sleep_on,omitempty"`
+	IgnoreCtx bool   `json:"ignore_ctx,omitempty"`
 	// Crash "before" SIGKILLs the worker after the sleep and before the
 	// effect, "after" after the effect.
 	Crash string `json:"crash,omitempty"`
@@ -110,7 +112,7 @@ func a9Handler(ledger io.Writer, me, fixFile string) consumer.HandlerFunc {
 		}
 		crash := b.Crash != "" && (b.CrashOn == "" || b.CrashOn == me) &&
 			(b.CrashPct <= 0 || rand.IntN(100) < b.CrashPct)
-		if b.SleepMS > 0 {
+		if b.SleepMS > 0 && (b.SleepOn == "" || b.SleepOn == me) {
 			t := time.NewTimer(time.Duration(b.SleepMS) * time.Millisecond)
 			defer t.Stop()
 			if b.IgnoreCtx {

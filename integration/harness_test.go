@@ -122,6 +122,9 @@ func startSubprocess(t testing.TB, mode string, env ...string) *worker {
 type behaviour struct {
 	// SleepMS is how long the handler works before its side effect.
 	SleepMS int `json:"sleep_ms,omitempty"`
+	// SleepOn limits the sleep to the worker with this consumer name;
+	// empty means every worker.
+	SleepOn string `json:"sleep_on,omitempty"`
 	// Crash: "before" SIGKILLs the worker after the sleep and before the
 	// effect; "after" SIGKILLs it after the effect, before the handler
 	// returns (so before the ack).
@@ -349,7 +352,7 @@ func workerMain() int {
 		}
 		record("start", job)
 		crash := b.Crash != "" && (b.CrashOn == "" || b.CrashOn == me)
-		if b.SleepMS > 0 {
+		if b.SleepMS > 0 && (b.SleepOn == "" || b.SleepOn == me) {
 			t := time.NewTimer(time.Duration(b.SleepMS) * time.Millisecond)
 			if b.IgnoreCtx {
 				<-t.C

@@ -51,9 +51,10 @@ func leasePartition(t *testing.T, visibility time.Duration) (broken string) {
 	t.Cleanup(func() { _ = proxy.Close() })
 	o := workerOpts{Visibility: visibility, Concurrency: 2 * n, Addr: proxy.Addr(), Stream: s.stream, Consumer: "a", Ledger: s.ledger}
 	a := startWorker(t, o)
-	// Each job runs for longer than the partition: a handler that went on
-	// would finish in it, or after it.
-	long := behaviour{SleepMS: int((visibility + partition) / time.Millisecond)}
+	// Each job runs on a for longer than the partition: a handler that went
+	// on would finish in it, or after it. On b, which takes them over, it
+	// runs at once: how long b works checks nothing.
+	long := behaviour{SleepMS: int((visibility + partition) / time.Millisecond), SleepOn: "a"}
 	ids := s.enqueue(n, long)
 	eventually(t, 10*time.Second, func() (bool, string) {
 		starts := countEvents(readLedger(t, s.ledger), "start")
