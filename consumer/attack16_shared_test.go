@@ -454,36 +454,26 @@ func a16sWeighted(t *testing.T, small bool, job time.Duration) (wider time.Durat
 			return nil
 		}))
 	}
-	stop, _ := a16sRun(t, p)
-	poll.Until(t, 300*time.Second, func() (bool, string) {
-		n := len(led.startList())
-		return n >= 1050, fmt.Sprintf("%d starts", n)
-	})
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	a16sRunUntil(t, p, led, 1050)
 	st := led.startList()[50:1050]
 	count := map[string]int{}
 	for _, s := range st {
 		count[s.stream]++
 	}
 	t.Logf("starts 50..1050: w6 %d, w3 %d, w1 %d (want 600/300/100)", count[streams[0]], count[streams[1]], count[streams[2]])
-	off := false
+	var off []string
 	for i, w := range weights {
 		want := 1000 * w / 10
-		got := count[streams[i]]
-		off = off || got < want*85/100 || got > want*115/100+5
+		if got := count[streams[i]]; got < want*85/100 || got > want*115/100+5 {
+			off = append(off, fmt.Sprintf("weight %d: %d of 1000 starts, want about %d", w, got, want))
+		}
 	}
-	if off && job < 80*time.Millisecond {
+	if len(off) > 0 && job < 80*time.Millisecond {
 		t.Logf("off the weights with %v jobs: run again with longer jobs", job)
 		return 4 * job
 	}
-	for i, w := range weights {
-		want := 1000 * w / 10
-		got := count[streams[i]]
-		if got < want*85/100 || got > want*115/100+5 {
-			t.Errorf("weight %d: %d of 1000 starts, want about %d", w, got, want)
-		}
+	for _, e := range off {
+		t.Error(e)
 	}
 	return 0
 }
@@ -533,14 +523,7 @@ func a16sStrict(t *testing.T, shared bool, job time.Duration) (wider time.Durati
 			return nil
 		}))
 	}
-	stop, _ := a16sRun(t, p)
-	poll.Until(t, 120*time.Second, func() (bool, string) {
-		n := len(led.startList())
-		return n >= 900, fmt.Sprintf("%d starts of 900", n)
-	})
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	a16sRunUntil(t, p, led, 900)
 	st := led.startList()
 	// Index of the last start of each queue.
 	last := map[string]int{}
@@ -1094,4 +1077,17 @@ func TestAttack16Shared_clusterMasterKilled(t *testing.T) {
 		}
 	}
 	t.Logf("other master's queue: %d jobs enqueued during the failover, all done", nOther)
+}
+
+// a16sRunUntil runs p until led has recorded n starts, then stops it.
+func a16sRunUntil(t *testing.T, p *consumer.Pool, led *a16sLedger, n int) {
+	t.Helper()
+	stop, _ := a16sRun(t, p)
+	poll.Until(t, 300*time.Second, func() (bool, string) {
+		got := len(led.startList())
+		return got >= n, fmt.Sprintf("%d starts of %d", got, n)
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
 }
