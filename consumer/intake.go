@@ -306,8 +306,11 @@ func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.T
 		c.freeRoom(len(msgs))
 		return false
 	}
+	// Dispatching a fresh entry never waits: one clock reading serves the
+	// whole read's lease checks.
+	now := time.Now()
 	for _, m := range msgs {
-		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1, at: at}, true)
+		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1, at: at}, true, now)
 	}
 	return true
 }
@@ -326,7 +329,7 @@ func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Ti
 		if i >= reserved {
 			<-c.slots // wait until a slot frees up
 		}
-		c.dispatch(d, false)
+		c.dispatch(d, false, time.Now()) // it may have waited for a slot
 	}
 	if len(entries) < reserved {
 		c.release(reserved - len(entries))
