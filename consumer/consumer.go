@@ -41,10 +41,12 @@ type Consumer struct {
 	claimer   *claim.Claimer
 	slots     chan struct{}   // a token per worker slot free
 	share     *share          // a Pool's shared budget; nil outside a pool
-	room      chan struct{}   // a token per fresh job the consumer may take in (see takeRoom)
+	room      room            // places for fresh jobs the consumer may take in (see takeRoom)
 	ready     chan *task      // fresh jobs queued for the workers
 	base      context.Context // parent of the handlers' contexts
 	ackCh     chan ackItem
+	ackWant   atomic.Int64  // while the ack loop waits: how many queued items wake it (see fillAcks)
+	ackKick   chan struct{} // wakes the waiting ack loop; capacity 1
 	retryCh   chan *retryReq
 	retryDone chan struct{}
 	ackDone   chan struct{}
@@ -56,7 +58,7 @@ type Consumer struct {
 	pause     pauses      // see pause.go
 
 	// The room's size for the default Prefetch (see roomLimit).
-	parked   int          // room tokens the read loop holds back (see fitRoom)
+	parked   int          // places the read loop holds back (see fitRoom)
 	jobTime  atomic.Int64 // handlers' average run time, ns
 	finished atomic.Int64 // handlers returned
 	caughtUp atomic.Bool  // the last read found fewer new entries than it asked for
@@ -153,11 +155,12 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	for range r.Concurrency {
 		c.slots <- struct{}{}
 	}
-	c.room = make(chan struct{}, c.roomSize())
+	c.room.kick = make(chan struct{}, 1)
 	c.freeRoom(c.roomSize())
 	c.ready = make(chan *task, c.roomSize())
 	c.base = context.WithoutCancel(ctx)
 	c.ackCh = make(chan ackItem, 4*r.Concurrency+256)
+	c.ackKick = make(chan struct{}, 1)
 	c.retryCh = make(chan *retryReq, 2*r.Concurrency+maxRetryBatch)
 	c.retryDone = make(chan struct{})
 	c.suspects.ready = make(chan struct{}, 1)

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/pelicanqueue/pelican/claim"
@@ -133,8 +134,20 @@ func (c *Consumer) noteRunTime(d time.Duration) {
 	c.jobTime.Store(max(old+(int64(d)-old)/8, 1))
 }
 
-// fitRoom parks room tokens, or frees parked ones, so that the room the
-// read loop may take matches roomLimit. Only the read loop calls it.
+// room counts the places in the workers' queue: a fresh job holds one
+// from its read until its worker is done with it. Only the read loop takes
+// places; it sleeps until enough are free, and the workers that free them
+// wake it once, not at each place (see takeRoom).
+type room struct {
+	free atomic.Int64 // places free, not taken by the read loop
+	// want is, while the read loop waits, how many free places end its
+	// wait (0: it does not wait); an empty workers' queue ends it at once.
+	want atomic.Int64
+	kick chan struct{} // wakes the waiting read loop; capacity 1
+}
+
+// fitRoom parks places, or frees parked ones, so that the room the read
+// loop may take matches roomLimit. Only the read loop calls it.
 func (c *Consumer) fitRoom() {
 	want := c.roomSize() - c.roomLimit()
 	switch {
@@ -142,15 +155,35 @@ func (c *Consumer) fitRoom() {
 		c.freeRoom(c.parked - want)
 		c.parked = want
 	case c.parked < want:
-		c.parked += tryTake(c.room, want-c.parked)
+		c.parked += c.tryTakeRoom(want - c.parked)
 	}
 }
 
-// freeRoom returns n places in the workers' queue.
+// freeRoom returns n places in the workers' queue, and wakes the read loop
+// if it waits for them (see takeRoom).
 func (c *Consumer) freeRoom(n int) {
-	for range n {
-		c.room <- struct{}{}
+	if n <= 0 {
+		return
 	}
+	free := c.room.free.Add(int64(n))
+	if want := c.room.want.Load(); want > 0 && (free >= want || len(c.ready) == 0) {
+		select {
+		case c.room.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// tryTakeRoom takes up to max free places without waiting. Only the read
+// loop calls it: the others only free places, so the places it sees free
+// stay free.
+func (c *Consumer) tryTakeRoom(max int) int {
+	n := min(c.room.free.Load(), int64(max))
+	if n <= 0 {
+		return 0
+	}
+	c.room.free.Add(-n)
+	return int(n)
 }
 
 // takeRoom takes places for the entries of the next read: at least one,
@@ -162,21 +195,30 @@ func (c *Consumer) freeRoom(n int) {
 func (c *Consumer) takeRoom(ctx context.Context, until time.Time) (int, bool) {
 	c.fitRoom()
 	size := c.roomSize() - c.parked
-	n := tryTake(c.room, size)
+	half := (size + 1) / 2
+	n := c.tryTakeRoom(size)
 	var timer *time.Timer
 	defer func() {
+		c.room.want.Store(0)
 		if timer != nil {
 			timer.Stop()
 		}
 	}()
-	for n == 0 || (n < (size+1)/2 && len(c.ready) > 0) {
+	for n == 0 || (n < half && len(c.ready) > 0) {
+		// Published before looking again, so that a worker freeing a
+		// place after that look sees it and wakes this loop.
+		c.room.want.Store(int64(max(half-n, 1)))
+		if n += c.tryTakeRoom(size - n); n > 0 && (n >= half || len(c.ready) == 0) {
+			break
+		}
 		if timer == nil {
 			timer = time.NewTimer(time.Until(until))
 		}
 		select {
-		case <-c.room:
-			n += 1 + tryTake(c.room, size-n-1)
+		case <-c.room.kick:
+			n += c.tryTakeRoom(size - n)
 		case <-ctx.Done():
+			c.room.want.Store(0)
 			c.freeRoom(n)
 			return 0, false
 		case <-timer.C:
@@ -264,8 +306,11 @@ func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.T
 		c.freeRoom(len(msgs))
 		return false
 	}
+	// Dispatching a fresh entry never waits: one clock reading serves the
+	// whole read's lease checks.
+	now := time.Now()
 	for _, m := range msgs {
-		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1, at: at}, true)
+		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1, at: at}, true, now)
 	}
 	return true
 }
@@ -284,7 +329,7 @@ func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Ti
 		if i >= reserved {
 			<-c.slots // wait until a slot frees up
 		}
-		c.dispatch(d, false)
+		c.dispatch(d, false, time.Now()) // it may have waited for a slot
 	}
 	if len(entries) < reserved {
 		c.release(reserved - len(entries))

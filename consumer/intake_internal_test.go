@@ -1,8 +1,11 @@
 package consumer
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/pelicanqueue/pelican/internal/poll"
 )
 
 // With the default Prefetch the room grows while jobs are short and stays
@@ -62,5 +65,38 @@ func TestConsumer_roomLimit(t *testing.T) {
 		if got := c.roomLimit(); got != want || c.roomSize() != want {
 			t.Errorf("Prefetch %d: roomLimit = %d, roomSize = %d, want %d", prefetch, got, c.roomSize(), want)
 		}
+	}
+}
+
+// While fresh jobs are queued the read loop waits for half of the room,
+// but once the workers have taken every queued job a freed place wakes it:
+// it reads with the places it has instead of waiting for the sweep.
+func TestConsumer_takeRoomWakesWhenQueueEmpties(t *testing.T) {
+	t.Parallel()
+	r, err := Config{Stream: "s", Group: "g", Consumer: "c", Concurrency: 1, Prefetch: 5}.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Consumer{r: r, ready: make(chan *task, 6)}
+	c.room.kick = make(chan struct{}, 1)
+	c.ready <- &task{} // a job queued: the read loop waits for 3 places (half of 6)
+	got := make(chan int, 1)
+	go func() {
+		n, _ := c.takeRoom(context.Background(), time.Now().Add(time.Hour))
+		got <- n
+	}()
+	c.freeRoom(1)
+	poll.Until(t, 30*time.Second, poll.True("the read loop holds one place and waits for two more", func() bool {
+		return c.room.want.Load() == 2 && c.room.free.Load() == 0
+	}))
+	<-c.ready // a worker takes the last queued job
+	c.freeRoom(1)
+	select {
+	case n := <-got:
+		if n != 2 {
+			t.Errorf("takeRoom = %d places, want 2", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the read loop still waits for room with no job queued and two places free")
 	}
 }

@@ -100,11 +100,11 @@ func (c *Consumer) trackLease(t *task) {
 }
 
 // lateDelivery reports whether the lease of d, counted from when its read
-// was sent, ended before d could start (its reply was held back, or no slot
-// was free in time). Such a job is not started: its entry stays pending, for
-// whichever consumer reclaims it first.
-func (c *Consumer) lateDelivery(d delivery) bool {
-	if time.Now().Before(d.at.Add(c.leaseTime())) {
+// was sent, ended by now, before d could start (its reply was held back, or
+// no slot was free in time). Such a job is not started: its entry stays
+// pending, for whichever consumer reclaims it first.
+func (c *Consumer) lateDelivery(d delivery, now time.Time) bool {
+	if now.Before(d.at.Add(c.leaseTime())) {
 		return false
 	}
 	c.stats.leaseLost.Add(1)

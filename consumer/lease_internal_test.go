@@ -129,10 +129,10 @@ func TestLease_lateDelivery(t *testing.T) {
 	t.Parallel()
 	c := leaseSetup(t)
 	now := time.Now()
-	if c.lateDelivery(delivery{id: "1-0", at: now.Add(-9*time.Second + time.Second)}) {
+	if c.lateDelivery(delivery{id: "1-0", at: now.Add(-9*time.Second + time.Second)}, now) {
 		t.Error("a delivery with 1 s of lease left was reported late")
 	}
-	if !c.lateDelivery(delivery{id: "1-0", at: now.Add(-9 * time.Second)}) {
+	if !c.lateDelivery(delivery{id: "1-0", at: now.Add(-9 * time.Second)}, now) {
 		t.Error("a delivery whose read was sent a whole lease ago was not reported late")
 	}
 	if n := c.Stats().LeaseLost; n != 1 {

@@ -56,6 +56,9 @@ type pauses struct {
 	changed  chan struct{}        // closed at each re-read
 	quit     chan struct{}        // closed when the consumer stops taking jobs
 	held     atomic.Int64         // jobs waiting in wait (Stats.Held)
+	// some: the queue or a type is paused (ended or not); false lets
+	// holds skip the lock and the clock for each job.
+	some atomic.Bool
 	// errLog is the pauses' own rate limit of error logs, so that their
 	// failures do not hide the read loop's (nor the other way round).
 	errLog rateLog
@@ -81,6 +84,7 @@ func (p *pauses) set(st control.Paused, at time.Time) {
 	}
 	p.mu.Lock()
 	p.queue, p.queueEnd, p.types = st.Queue, local(st.QueueUntil), types
+	p.some.Store(st.Queue || len(types) > 0)
 	close(p.changed)
 	p.changed = make(chan struct{})
 	p.mu.Unlock()
@@ -156,7 +160,7 @@ func (p *pauses) stopped() bool {
 // now because its queue or type is paused (never once the consumer stops:
 // then the usual path gives it back).
 func (p *pauses) holds(fields map[string]any) bool {
-	if p.quit == nil || p.stopped() {
+	if p.quit == nil || !p.some.Load() || p.stopped() {
 		return false
 	}
 	paused, _, _ := p.state(entryType(fields), false)

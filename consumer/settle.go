@@ -61,14 +61,21 @@ type ackItem struct {
 
 // queueAck hands a finished job (or an entry to forget) to the ack loop,
 // and reports whether it did (not once Run has returned: the job then stays
-// pending).
+// pending). It wakes the ack loop only when the loop waits for as many
+// items as are now queued (see fillAcks).
 func (c *Consumer) queueAck(it ackItem) bool {
 	select {
 	case c.ackCh <- it:
-		return true
 	case <-c.ackDone:
 		return false
 	}
+	if want := c.ackWant.Load(); want > 0 && int64(len(c.ackCh)) >= want {
+		select {
+		case c.ackKick <- struct{}{}:
+		default:
+		}
+	}
+	return true
 }
 
 // forgetSettled asks the ack loop to delete entry id, which this consumer
@@ -163,10 +170,12 @@ func (c *Consumer) ackLoop(stop <-chan struct{}) {
 
 // fillAcks adds to batch what the ack loop has queued, then waits for more
 // while batch holds fewer than half of the jobs in flight, for at most
-// ackLinger.
+// ackLinger. It sleeps until enough are queued (queueAck wakes it), not
+// until each one is.
 func (c *Consumer) fillAcks(batch *[]ackItem, linger *time.Timer, stop <-chan struct{}) {
 	lingering := false
 	defer func() {
+		c.ackWant.Store(0)
 		if lingering {
 			linger.Stop()
 		}
@@ -184,20 +193,40 @@ func (c *Consumer) fillAcks(batch *[]ackItem, linger *time.Timer, stop <-chan st
 		if len(*batch) >= want {
 			return
 		}
+		// Published before looking again, so that a job queued after that
+		// look wakes the loop. No more than the queue holds: a full queue
+		// wakes it.
+		c.ackWant.Store(int64(min(want-len(*batch), cap(c.ackCh))))
+		if len(c.ackCh) > 0 {
+			continue
+		}
 		if !lingering {
 			lingering = true
 			linger.Reset(ackLinger)
 		}
 		select {
-		case it := <-c.ackCh:
-			*batch = append(*batch, it)
+		case <-c.ackKick:
 		case <-linger.C:
 			lingering = false
+			*batch = appendQueued(*batch, c.ackCh)
 			return
 		case <-stop:
 			return
 		}
 	}
+}
+
+// appendQueued appends to batch, up to maxAckBatch, the items queued in ch.
+func appendQueued(batch []ackItem, ch chan ackItem) []ackItem {
+	for len(batch) < maxAckBatch {
+		select {
+		case it := <-ch:
+			batch = append(batch, it)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 // flushAcks runs the owner-checked ack script over items, retrying

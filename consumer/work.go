@@ -71,12 +71,14 @@ type delivery struct {
 // An entry delivered before is a suspect: it gives its place or slot back
 // and waits for the suspect runner (see suspect.go). The entry is decoded by
 // the worker, so that the read loop spends as little as possible per entry.
-func (c *Consumer) dispatch(d delivery, fresh bool) {
+// d's lease is checked against now: the clock read once per read for
+// fresh entries, whose dispatch never waits.
+func (c *Consumer) dispatch(d delivery, fresh bool, now time.Time) {
 	free := c.release
 	if fresh {
 		free = c.freeRoom
 	}
-	if c.lateDelivery(d) {
+	if c.lateDelivery(d, now) {
 		free(1)
 		return
 	}
