@@ -20,6 +20,7 @@ import (
 // delay after the panic (a lower bound: safe on a loaded machine), and the job
 // ends in one dead letter with reason exhausted after MaxAttempts runs.
 func TestAttack11_PanicRetryBackoff(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, name+"*") })

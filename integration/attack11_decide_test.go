@@ -31,6 +31,7 @@ type a11Obs struct {
 // recorded". An observer middleware calling Decide must agree with what the
 // consumer did, counted three ways: Stats, the dead-letter stream, OnDeadLetter.
 func TestAttack11_DecideMatchesSettlement(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, name+"*") })

@@ -35,6 +35,7 @@ func a11Job(t *testing.T, key string) *stream.Job {
 
 // A batch that names the same key twice adds it once, and both jobs get the first's IDs.
 func TestAttack11_OnceBatchDuplicatesWithin(t *testing.T) {
+	t.Parallel()
 	p, name, _ := a11Producer(t, time.Minute)
 	rdb := redistest.Shared(t)
 	ctx := context.Background()
@@ -53,6 +54,7 @@ func TestAttack11_OnceBatchDuplicatesWithin(t *testing.T) {
 
 // A batch larger than OnceBatch with the same key in different chunks adds it once.
 func TestAttack11_OnceBatchDuplicatesAcrossChunks(t *testing.T) {
+	t.Parallel()
 	p, name, _ := a11Producer(t, time.Minute)
 	rdb := redistest.Shared(t)
 	ctx := context.Background()
@@ -83,6 +85,7 @@ func TestAttack11_OnceBatchDuplicatesAcrossChunks(t *testing.T) {
 
 // Concurrent producers racing on one key: one entry, one job ID everywhere.
 func TestAttack11_OnceConcurrent(t *testing.T) {
+	t.Parallel()
 	p, name, _ := a11Producer(t, time.Minute)
 	rdb := redistest.Shared(t)
 	ctx := context.Background()
@@ -122,6 +125,7 @@ func TestAttack11_OnceConcurrent(t *testing.T) {
 // Hostile job IDs and keys: the marker is "<entry id> <job id>"; a job ID with
 // spaces must come back whole to the duplicate.
 func TestAttack11_OnceHostileIDs(t *testing.T) {
+	t.Parallel()
 	p, name, _ := a11Producer(t, time.Minute)
 	rdb := redistest.Shared(t)
 	ctx := context.Background()
@@ -154,6 +158,7 @@ func TestAttack11_OnceHostileIDs(t *testing.T) {
 // Scheduled then immediate: the immediate adds nothing; after promotion one entry;
 // a second EnqueueAt adds nothing either.
 func TestAttack11_OnceScheduledThenNow(t *testing.T) {
+	t.Parallel()
 	p, name, keys := a11Producer(t, time.Minute)
 	rdb := redistest.Shared(t)
 	ctx := context.Background()
@@ -211,6 +216,7 @@ func TestAttack11_OnceScheduledThenNow(t *testing.T) {
 // Scheduled in the past, or far in the future: the job is promoted once, and no
 // marker is left without a time to live.
 func TestAttack11_OnceScheduledExtremes(t *testing.T) {
+	t.Parallel()
 	p, name, keys := a11Producer(t, time.Minute)
 	rdb := redistest.Shared(t)
 	ctx := context.Background()

@@ -15,6 +15,7 @@ import (
 // no marker without its job (the job would then be lost for the window), and once
 // memory is freed, retrying every job adds each key exactly once.
 func TestAttack11_OnceUnderOOM(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory", "4mb", "--maxmemory-policy", "noeviction"}})
 	rdb := srv.Client(t)
 	ctx := context.Background()

@@ -54,6 +54,7 @@ func (s *a11Starts) get(typ string) []string {
 // comes free only after every queued entry's lease has ended: it must start none
 // of them; consumer B takes them over and runs each exactly once.
 func TestAttack11_PrefetchQueuedNotStartedPastLease(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, name+"*") })
@@ -156,6 +157,7 @@ func TestAttack11_PrefetchQueuedNotStartedPastLease(t *testing.T) {
 // of the queued entries may start on it, and all of them are run exactly once by
 // the next consumer, with nothing lost.
 func TestAttack11_PrefetchShutdownGivesBack(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, name+"*") })

@@ -16,8 +16,10 @@ import (
 // job ID stays dead as a duplicate. Job IDs with spaces (the marker is
 // "<entry id> <job id>") must not confuse the comparison.
 func TestAttack11_ReplayOnceMarker(t *testing.T) {
+	t.Parallel()
 	for _, jid := range []string{"plainid", "id with spaces", "- dash"} {
 		t.Run(jid, func(t *testing.T) {
+			t.Parallel()
 			p, name, keys := a11Producer(t, time.Hour)
 			rdb := redistest.Shared(t)
 			ctx := context.Background()

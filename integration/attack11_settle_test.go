@@ -460,6 +460,7 @@ func (e *s11Env) verify(odlExact bool) {
 // under the same name or a new one), then checks that every job ended in
 // one outcome with one entry per attempt and one dead letter.
 func TestAttack11Settle_killRandom(t *testing.T) {
+	t.Parallel()
 	e := newS11Env(t, 3)
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
 	names := []string{"k0", "k1", "k2"}
@@ -504,6 +505,7 @@ func TestAttack11Settle_killRandom(t *testing.T) {
 // A must settle none of what B took: no second retry entry, no second dead
 // letter, no second OnDeadLetter call.
 func TestAttack11Settle_staleStopped(t *testing.T) {
+	t.Parallel()
 	e := newS11Env(t, 3)
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 12))
 	a := e.worker("A", 64)

@@ -18,6 +18,7 @@ import (
 // group is pending. Repeated rounds on one running consumer with Prefetch, each
 // round enqueued while the consumer is busy or idle.
 func TestAttack11_WaitIdleMeansSettled(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, name+"*") })

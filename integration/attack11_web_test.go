@@ -66,6 +66,7 @@ func a11Web(t *testing.T, bin string, env []string, args ...string) (string, str
 // environment: PELICAN_WEB_TOKEN (Bearer) or PELICAN_WEB_USER/PASSWORD (basic),
 // "either is accepted when both are set"; read-only unless --allow-actions.
 func TestAttack11_PelicanWeb(t *testing.T) {
+	t.Parallel()
 	bin := pelicanCLI(t)
 	for _, l := range []string{"0.0.0.0:0", ":0", "[::]:0", "0:0", "[::ffff:0.0.0.0]:0"} {
 		if u, _ := a11Web(t, bin, nil, "a11-web-none", "--listen", l); u != "" {

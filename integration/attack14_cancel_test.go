@@ -74,6 +74,7 @@ func a14events(entries []ledgerEntry, event, id string) []ledgerEntry {
 // the one on the consumer Lookup named, only the cancelled jobs are hit, and
 // each ends cancelled, run once.
 func TestAttack14CancelProc_threeWorkers(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, nil, "")
 	var ws []*worker
 	for _, n := range []string{"w1", "w2", "w3"} {
@@ -139,6 +140,7 @@ func TestAttack14CancelProc_threeWorkers(t *testing.T) {
 // cancelled without running it; the frozen runner, resumed, must not finish
 // it (no effect, no done).
 func TestAttack14CancelProc_stoppedPastLease(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, nil, "")
 	a := s.worker("wa", workerOpts{Visibility: 2 * time.Second, Heartbeat: 400 * time.Millisecond, Concurrency: 2})
 	ids := s.a14enqueueTracked(1, behaviour{SleepMS: 8000})
@@ -189,6 +191,7 @@ func TestAttack14CancelProc_stoppedPastLease(t *testing.T) {
 // cancels the job while its entry is pending under the dead consumer: the
 // worker that reclaims it settles it cancelled without running it.
 func TestAttack14CancelProc_killedThenCancelled(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, nil, "")
 	a := s.worker("wa", workerOpts{Visibility: 2 * time.Second, Heartbeat: 400 * time.Millisecond})
 	ids := s.a14enqueueTracked(3, behaviour{SleepMS: 60000})
@@ -229,6 +232,7 @@ func TestAttack14CancelProc_killedThenCancelled(t *testing.T) {
 // the README's table says running exits 1), a finished one (exit 1), an
 // unknown one (exit 4); pelican job follows.
 func TestAttack14CancelProc_cli(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, nil, "")
 	cli := pelicanCLI(t)
 	run := func(args ...string) (string, int) {
@@ -284,6 +288,7 @@ func TestAttack14CancelProc_cli(t *testing.T) {
 // promise the holder cancels the handler with ErrCancelled and the job ends
 // cancelled; a job given back must not run again on the next worker.
 func TestAttack14CancelProc_cancelDuringSIGTERMDrain(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, nil, "")
 	a := s.worker("wa", workerOpts{Visibility: 10 * time.Second, Shutdown: 4 * time.Second})
 	id := s.a14enqueueTracked(1, behaviour{SleepMS: 6000})[0]

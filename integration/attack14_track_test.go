@@ -41,6 +41,7 @@ func a14trExit(err error) int {
 // adds the job and `pelican job` says waiting in that entry; the same call without the record is
 // refused (redis-cli -e exits non-zero), writes nothing, and `pelican job` exits 4 (unknown).
 func TestAttack14Track_redisCliEval(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		t.Skip("no redis-cli")
 	}
@@ -146,6 +147,7 @@ func a14trProducerMain() int {
 // batches and the scripts are flushed beside it leaves nothing that lies: every record names an entry
 // of its job, every tracked entry has its record, every marker names an entry, nothing is in twice.
 func TestAttack14Track_producerKilledMidBatch(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t)
 	ctx := context.Background()

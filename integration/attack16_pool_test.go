@@ -183,8 +183,10 @@ func a16Dead(t *testing.T, rdb *redis.Client, streams []string) int64 {
 // ones the first pool had started, and every group ends with nothing
 // pending and nothing dead.
 func TestAttack16Pool_sigkillTakeover(t *testing.T) {
+	t.Parallel()
 	for _, same := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sameName=%v", same), func(t *testing.T) {
+			t.Parallel()
 			rdb := redistest.Shared(t)
 			names, ids := a16Streams(t, rdb, 3, 150, behaviour{SleepMS: 15})
 			ledger := t.TempDir() + "/ledger"
@@ -267,6 +269,7 @@ func a16PendingOf(rdb *redis.Client, streams []string, name string) (int, error)
 // job "is not started once its lease has ended") nor settle any it lost,
 // and every job of both streams ends done, none dead, nothing pending.
 func TestAttack16Pool_sigstopPastLease(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	names, ids := a16Streams(t, rdb, 2, 80, behaviour{SleepMS: 150})
 	ledger := t.TempDir() + "/ledger"
@@ -340,6 +343,7 @@ func TestAttack16Pool_sigstopPastLease(t *testing.T) {
 // at once, long before the 30s visibility timeout; each job is done exactly
 // once.
 func TestAttack16Pool_sigtermGiveBack(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	names, ids := a16Streams(t, rdb, 3, 40, behaviour{SleepMS: 100})
 	ledger := t.TempDir() + "/ledger"
@@ -388,6 +392,7 @@ func TestAttack16Pool_sigtermGiveBack(t *testing.T) {
 // a suspect's later runs are alone on the consumer; in a pool the other
 // queues' jobs share the process.
 func TestAttack16Pool_crashCollateralAcrossQueues(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	base := redistest.Name(t)
 	names := []string{base + "-poison", base + "-innocent"}

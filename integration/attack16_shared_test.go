@@ -60,6 +60,7 @@ func a16sPoolMain() int {
 }
 
 func TestAttack16Shared_processKillStop(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, name+"*") })

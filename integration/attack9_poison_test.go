@@ -239,6 +239,7 @@ func TestAttack9_poison_givenBackNotSuspect(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"sameName", "newNames"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			s := newA9Scenario(t)
 			job := a9Job{SleepMS: 1500}
 			ids := s.a9Enqueue(job, a9Job{SleepMS: 50, N: 1})
@@ -300,6 +301,7 @@ func TestAttack9_poison_idempotencyLeaseLoops(t *testing.T) {
 	t.Parallel()
 	for _, mw := range []string{"idempotency", "lock"} {
 		t.Run(mw, func(t *testing.T) {
+			t.Parallel()
 			s := newA9Scenario(t)
 			prefix := redistest.Prefix(t, s.rdb)
 			cfg := a9Config{IdemPrefix: prefix, MaxCrashes: 2, IdemLease: 3 * time.Second, LockTTL: 3 * time.Second}
@@ -420,6 +422,7 @@ func TestAttack9_poison_crashCountsPerGroup(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"falseDeadLetterInB", "countResetForA"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			redistest.Widen(t, "visibility", 600*time.Millisecond, func(t *testing.T, visibility time.Duration) time.Duration {
 				return a9CrashCountsPerGroup(t, mode, visibility)
 			})

@@ -52,6 +52,7 @@ func TestAttack9_retention_defaultAndKeepSettled(t *testing.T) {
 	t.Parallel()
 	for _, keep := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+			t.Parallel()
 			s := newA9Scenario(t)
 			ids := s.a9Enqueue(a9Mixed(200, 50, 30)...)
 			s.a9Run("c1", consumer.Config{KeepSettled: keep})
@@ -277,6 +278,7 @@ func TestAttack9_retention_bigEntryIDs(t *testing.T) {
 	for _, tc := range cases {
 		for _, read := range []int{99, 150, 199} {
 			t.Run(fmt.Sprintf("%s/read%d", tc.name, read), func(t *testing.T) {
+				t.Parallel()
 				s := newA9Scenario(t)
 				ctx := context.Background()
 				for i, id := range tc.ids {
@@ -547,6 +549,7 @@ func TestAttack9_retention_trimAckedSafe(t *testing.T) {
 	for name, ids := range cases {
 		for _, readB := range []int{99, 150, 199, 200} {
 			t.Run(fmt.Sprintf("%s/read%d", name, readB), func(t *testing.T) {
+				t.Parallel()
 				s := newA9Scenario(t)
 				ctx := context.Background()
 				for i, id := range ids {

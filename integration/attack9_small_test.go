@@ -74,6 +74,7 @@ func TestAttack9_small_snoozedVsRetried(t *testing.T) {
 	t.Parallel()
 	for _, withRetryMW := range []bool{false, true} {
 		t.Run(fmt.Sprintf("retryMiddleware=%v", withRetryMW), func(t *testing.T) {
+			t.Parallel()
 			s := newA9Scenario(t)
 			ids := s.a9Enqueue(a9Repeat(30, a9Job{})...)
 			kind := map[string]string{}
@@ -139,6 +140,7 @@ func TestAttack9_small_deadLetterFinalError(t *testing.T) {
 	t.Parallel()
 	for _, withRetryMW := range []bool{false, true} {
 		t.Run(fmt.Sprintf("retryMiddleware=%v", withRetryMW), func(t *testing.T) {
+			t.Parallel()
 			s := newA9Scenario(t)
 			ctx := context.Background()
 			p := stream.NewProducer(s.rdb, stream.ProducerConfig{Stream: s.stream})
@@ -238,6 +240,7 @@ func TestAttack9_small_deadLetterMaxLenExact(t *testing.T) {
 	t.Parallel()
 	for _, max := range []int64{1, 3, 7} {
 		t.Run(fmt.Sprint(max), func(t *testing.T) {
+			t.Parallel()
 			s := newA9Scenario(t)
 			const n = 40
 			s.a9Enqueue(a9Repeat(n, a9Job{Fail: "permanent"})...)

@@ -64,6 +64,7 @@ func dlqReplayMain() int {
 // killed replayer's lease had already expired when the test looked (a busy
 // machine) is repeated with a longer lease.
 func TestDLQ_ReplayKillResume(t *testing.T) {
+	t.Parallel()
 	redistest.Widen(t, "lease", time.Second, dlqReplayKillResume)
 }
 
@@ -345,6 +346,7 @@ func clusterDLQ(t *testing.T, cc *redis.ClusterClient, name string) {
 // TestDLQ_Cluster runs the dlq scripts on a 3-master cluster, for queues
 // with and without a hash tag, on every master (CROSSSLOT would fail them).
 func TestDLQ_Cluster(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	cc := cl.Client(t)
 	for _, name := range []string{"orders", "payments", "{billing}:invoices"} {
