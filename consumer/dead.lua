@@ -9,7 +9,9 @@
 -- ARGV[2]  consumer
 -- ARGV[3]  dead-letter stream bound (exact MAXLEN), 0 for none
 -- ARGV[4]  the time to live of an index record in ms
--- ARGV[5..] one group of values per job, in turn:
+-- ARGV[5]  the lowest of the jobs' entry IDs, ARGV[6] the highest (the
+--          client orders them: no comparison of IDs in Lua)
+-- ARGV[7..] one group of values per job, in turn:
 --          entry ID; reason; error text; attempts made;
 --          mode: "copy": copy the entry's fields from the stream;
 --          "record:<size>": record the fields given instead (an oversize
@@ -39,18 +41,18 @@
 -- retry.lua), and a call that fails has written nothing. The bound is
 -- trimmed once, after the batch's entries were added.
 local maxFields = 1100
-local jobs, i = {}, 5
+local jobs, i = {}, 7
 while i <= #ARGV do
   local n, m = tonumber(ARGV[i + 6]), tonumber(ARGV[i + 7])
   jobs[#jobs + 1] = {id = ARGV[i], reason = ARGV[i + 1], err = ARGV[i + 2], attempts = ARGV[i + 3], mode = ARGV[i + 4],
                      index = KEYS[tonumber(ARGV[i + 5])], set0 = i + 8, n = n, src0 = i + 8 + n, m = m}
   i = i + 8 + n + m
 end
--- mine comes from ids.lua, put in front of this script; a job listed twice
--- is settled once.
+-- mine_range comes from ids.lua, put in front of this script; a job listed
+-- twice is settled once.
 local want = {}
 for _, j in ipairs(jobs) do want[j.id] = true end
-local got = mine(KEYS[1], ARGV[1], ARGV[2], want)
+local got = mine_range(KEYS[1], ARGV[1], ARGV[2], want, ARGV[5], ARGV[6])
 local ours = {dead_reason = 1, dead_error = 1, dead_at = 1, dead_attempts = 1, dead_consumer = 1,
               dead_entry_id = 1, dead_stream = 1, dead_dropped_fields = 1, dead_truncated = 1}
 local out, settle, index = {0}, {}, false

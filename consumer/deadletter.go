@@ -164,7 +164,8 @@ func (c *Consumer) runDeads(batch []*retryReq) {
 // when read is set, and returns its answer per job and the entries trimmed.
 func (c *Consumer) deadScriptRun(batch []*retryReq, read bool) ([]any, int64, error) {
 	keys := []string{c.r.Stream, c.r.DeadLetterStream}
-	args := []any{c.r.Group, c.r.Consumer, c.r.DeadLetterMaxLen, c.r.TrackTTL.Milliseconds()}
+	lo, hi := idRange(batch)
+	args := []any{c.r.Group, c.r.Consumer, c.r.DeadLetterMaxLen, c.r.TrackTTL.Milliseconds(), lo, hi}
 	for _, r := range batch {
 		d := r.dead
 		k := 0

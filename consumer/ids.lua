@@ -1,4 +1,4 @@
--- ids.lua: helpers put in front of ack.lua and retry.lua (settle.go).
+-- ids.lua: helpers put in front of ack.lua, retry.lua and dead.lua (settle.go).
 -- IDs are compared and stepped as decimal strings, never as Lua numbers: a
 -- double cannot hold every 64-bit part of an ID.
 local function lessnum(a, b)
@@ -23,18 +23,14 @@ local function after(id)
   if seq == '18446744073709551615' then return incr(ms) .. '-0' end
   return ms .. '-' .. incr(seq)
 end
--- mine returns the set of the IDs of want (a set) that consumer owns in
--- group's PEL of stream, with one ranged XPENDING over their range, filtered
--- by the consumer, paged by 1000 (the range may hold other entries of the
--- consumer), instead of one XPENDING per ID.
-local function mine(stream, group, consumer, want)
-  local lo, hi
-  for id in pairs(want) do
-    if lo == nil or less(id, lo) then lo = id end
-    if hi == nil or less(hi, id) then hi = id end
-  end
+-- mine_range returns the set of the IDs of want (a set) that consumer owns
+-- in group's PEL of stream, all of them between lo and hi (inclusive): one
+-- ranged XPENDING from lo to hi, filtered by the consumer, paged by 1000
+-- (the range may hold other entries of the consumer). A caller that knows
+-- the range (the client sorted the IDs) saves mine's comparisons; a range
+-- that misses an ID of want only makes it read as not owned.
+local function mine_range(stream, group, consumer, want, lo, hi)
   local owned = {}
-  if lo == nil then return owned end
   local start = lo
   while true do
     local p = redis.call('XPENDING', stream, group, start, hi, 1000, consumer)
@@ -45,4 +41,16 @@ local function mine(stream, group, consumer, want)
     start = after(p[#p][1])
   end
   return owned
+end
+-- mine returns the set of the IDs of want (a set) that consumer owns in
+-- group's PEL of stream, with one ranged XPENDING over their range (see
+-- mine_range), instead of one XPENDING per ID.
+local function mine(stream, group, consumer, want)
+  local lo, hi
+  for id in pairs(want) do
+    if lo == nil or less(id, lo) then lo = id end
+    if hi == nil or less(hi, id) then hi = id end
+  end
+  if lo == nil then return {} end
+  return mine_range(stream, group, consumer, want, lo, hi)
 end

@@ -211,7 +211,8 @@ func (c *Consumer) retryArgs(batch []*retryReq) ([]string, []any) {
 	for _, r := range batch {
 		n += 2 + len(r.args)
 	}
-	args := append(make([]any, 0, n), c.r.Group, c.r.Consumer)
+	lo, hi := idRange(batch)
+	args := append(make([]any, 0, n+2), c.r.Group, c.r.Consumer, lo, hi)
 	for _, r := range batch {
 		k := 0
 		if r.index != "" {
@@ -223,6 +224,22 @@ func (c *Consumer) retryArgs(batch []*retryReq) ([]string, []any) {
 		args = append(args, r.args[3:]...)
 	}
 	return keys, args
+}
+
+// idRange returns the lowest and the highest entry ID of batch (not
+// empty): retry.lua and dead.lua read this consumer's PEL over that range
+// to owner-check the batch, and are given it rather than order IDs in Lua.
+func idRange(batch []*retryReq) (lo, hi string) {
+	lo, hi = batch[0].id, batch[0].id
+	for _, r := range batch[1:] {
+		if stream.CompareIDs(r.id, lo) < 0 {
+			lo = r.id
+		}
+		if stream.CompareIDs(r.id, hi) > 0 {
+			hi = r.id
+		}
+	}
+	return lo, hi
 }
 
 // retryRequest returns the retry request of dec, a retry or snooze of the

@@ -39,7 +39,7 @@ func TestRetryScript_batchOwnerChecked(t *testing.T) {
 	read("b", 1) // ids[3]
 	rdb.XAck(ctx, key, "g", ids[2])
 	member := stream.EncodeDelayed(ids[0], []any{"type", "t", "attempt", "1"})
-	args := []any{"g", "a",
+	args := []any{"g", "a", ids[0], ids[3],
 		ids[0], 60000, member, 0, "", 0, // later: the delayed set
 		ids[1], 0, "", 0, "", 4, "type", "t", "attempt", "1", // now: a new entry
 		ids[2], 0, "", 0, "", 2, "type", "t", // no longer pending
@@ -239,5 +239,60 @@ func TestConsumer_deadLettersBatched(t *testing.T) {
 				t.Errorf("%d dead-letter scripts for %d jobs; want them batched", calls, n)
 			}
 		})
+	}
+}
+
+// The range the scripts' owner check reads is computed from entry IDs as
+// numbers, in any order: "10-0" is above "9-5", and "9-10" above "9-5".
+func TestIDRange(t *testing.T) {
+	t.Parallel()
+	batch := []*retryReq{{id: "9-10"}, {id: "10-0"}, {id: "9-5"}, {id: "9-9"}}
+	if lo, hi := idRange(batch); lo != "9-5" || hi != "10-0" {
+		t.Errorf("idRange = %s, %s; want 9-5, 10-0", lo, hi)
+	}
+	if lo, hi := idRange(batch[:1]); lo != "9-10" || hi != "9-10" {
+		t.Errorf("idRange of one = %s, %s; want 9-10, 9-10", lo, hi)
+	}
+}
+
+// retry.lua owner-checks over the range it is given: a job outside it reads
+// as not owned and nothing is written for it (a wrong range cannot settle a
+// job twice or lose it; it stays pending). Against real Redis.
+func TestRetryScript_outsideRangeNotOwned(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	ctx := context.Background()
+	tag := "{" + redistest.Prefix(t, rdb) + "}"
+	key, delayed := tag+"s", tag+"delayed"
+	ids := make([]string, 3)
+	for i := range ids {
+		ids[i] = rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{"type", "t"}}).Val()
+	}
+	if err := rdb.XGroupCreate(ctx, key, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "a", Streams: []string{key, ">"}, Count: 3, Block: -1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	args := []any{"g", "a", ids[1], ids[2],
+		ids[0], 0, "", 0, "", 2, "type", "t", // below the range
+		ids[1], 0, "", 0, "", 2, "type", "t",
+	}
+	res, err := retryScript.Run(ctx, rdb, []string{key, delayed}, args...).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 2 || res[0] != int64(-1) {
+		t.Fatalf("retry.lua = %v; want -1, a new ID", res)
+	}
+	if id, _ := res[1].(string); id == "" {
+		t.Fatalf("retry.lua = %v; want -1, a new ID", res)
+	}
+	p := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: key, Group: "g", Start: "-", End: "+", Count: 10}).Val()
+	if len(p) != 2 || p[0].ID != ids[0] || p[1].ID != ids[2] {
+		t.Errorf("pending %+v; want %s and %s", p, ids[0], ids[2])
+	}
+	if n := rdb.XLen(ctx, key).Val(); n != 4 {
+		t.Errorf("stream holds %d entries; want the 3 and one new", n)
 	}
 }

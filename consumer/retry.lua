@@ -5,7 +5,9 @@
 --          stream/index.go)
 -- ARGV[1]  group
 -- ARGV[2]  consumer
--- ARGV[3..] one group of values per job, in turn:
+-- ARGV[3]  the lowest of the jobs' entry IDs, ARGV[4] the highest (the
+--          client orders them: no comparison of IDs in Lua)
+-- ARGV[5..] one group of values per job, in turn:
 --          entry ID; delay, ms; the delayed-set member (the new entry,
 --          encoded), used when delay > 0 ("" otherwise); k, the index in
 --          KEYS of the job's index record, 0 for an untracked job; the
@@ -23,36 +25,37 @@
 -- maxmemory (noeviction), but lets a script that has written go on, so
 -- retries still settle when Redis is full. The consumer deletes the old
 -- entries afterwards (ack.lua), which frees about what the new ones take.
-local jobs, i = {}, 3
+-- Each job's values are read from ARGV where they are used (at[k]: where
+-- job k's start), not copied into a table of its own.
+local at, want, i = {}, {}, 5
 while i <= #ARGV do
-  local n = tonumber(ARGV[i + 5])
-  jobs[#jobs + 1] = {id = ARGV[i], delay = tonumber(ARGV[i + 1]), member = ARGV[i + 2], index = KEYS[tonumber(ARGV[i + 3])],
-                     err = ARGV[i + 4], first = i + 6, last = i + 5 + n}
-  i = i + 6 + n
+  at[#at + 1] = i
+  want[ARGV[i]] = true
+  i = i + 6 + tonumber(ARGV[i + 5])
 end
--- One ranged XPENDING over the batch, filtered by this consumer (mine, from
--- ids.lua, put in front of this script), finds what it still owns: each job
--- is owner-checked on its own, and a job listed twice is settled once.
-local want = {}
-for _, j in ipairs(jobs) do want[j.id] = true end
-local got = mine(KEYS[1], ARGV[1], ARGV[2], want)
-local owned = {}
-for _, j in ipairs(jobs) do
-  j.owned = got[j.id] == true
-  if j.owned and j.index then
-    local cancelling = '10:cancelling' .. #j.id .. ':' .. j.id
-    if string.sub(redis.call('GET', j.index) or '', 1, #cancelling) == cancelling then j.owned, j.cancel = false, true end
+-- One ranged XPENDING over the batch, filtered by this consumer (mine_range,
+-- from ids.lua, put in front of this script), finds what it still owns:
+-- each job is owner-checked on its own, and a job listed twice is settled
+-- once. out[k] is -1 (not owned), -2 (cancelling) or false (owned: written
+-- below).
+local got = mine_range(KEYS[1], ARGV[1], ARGV[2], want, ARGV[3], ARGV[4])
+local out, owned = {}, {}
+for k, a in ipairs(at) do
+  local id, x = ARGV[a], tonumber(ARGV[a + 3])
+  out[k] = -1
+  if got[id] then
+    if x > 0 then
+      local cancelling = '10:cancelling' .. #id .. ':' .. id
+      if string.sub(redis.call('GET', KEYS[x]) or '', 1, #cancelling) == cancelling then out[k] = -2 end
+    end
+    if out[k] == -1 then
+      out[k] = false
+      owned[#owned + 1] = id
+      got[id] = nil
+    end
   end
-  if j.owned then
-    owned[#owned + 1] = j.id
-    got[j.id] = nil
-  end
 end
-local out = {}
-if #owned == 0 then
-  for k, j in ipairs(jobs) do out[k] = j.cancel and -2 or -1 end
-  return out
-end
+if #owned == 0 then return out end
 -- Under an ACL that denies a later command, a script fails halfway and keeps
 -- what it wrote (the XACK: the jobs would be lost): check first (Redis 7).
 if redis.acl_check_cmd and not (redis.acl_check_cmd('XACK', KEYS[1], ARGV[1], owned[1])
@@ -65,22 +68,24 @@ local function rec(...)
   for _, v in ipairs({...}) do t[#t + 1] = #v .. ':' .. v end
   return table.concat(t)
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now
 redis.call('XACK', KEYS[1], ARGV[1], unpack(owned))
-for k, j in ipairs(jobs) do
-  if j.cancel then
-    out[k] = -2
-  elseif not j.owned then
-    out[k] = -1
-  elseif j.delay > 0 then
-    local due = string.format('%.0f', now + j.delay)
-    redis.call('ZADD', KEYS[2], due, j.member)
-    if j.index then redis.call('SET', j.index, rec('retrying', '', due, '', j.err, '')) end
-    out[k] = ''
-  else
-    out[k] = redis.call('XADD', KEYS[1], '*', unpack(ARGV, j.first, j.last))
-    if j.index then redis.call('SET', j.index, rec('waiting', out[k], '', '', '', '')) end
+for k, a in ipairs(at) do
+  if out[k] == false then
+    local delay, x = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 3])
+    if delay > 0 then
+      if now == nil then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      local due = string.format('%.0f', now + delay)
+      redis.call('ZADD', KEYS[2], due, ARGV[a + 2])
+      if x > 0 then redis.call('SET', KEYS[x], rec('retrying', '', due, '', ARGV[a + 4], '')) end
+      out[k] = ''
+    else
+      out[k] = redis.call('XADD', KEYS[1], '*', unpack(ARGV, a + 6, a + 5 + tonumber(ARGV[a + 5])))
+      if x > 0 then redis.call('SET', KEYS[x], rec('waiting', out[k], '', '', '', '')) end
+    end
   end
 end
 return out
