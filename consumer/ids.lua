@@ -26,12 +26,15 @@ end
 -- mine returns the set of the IDs of want (a set) that consumer owns in
 -- group's PEL of stream, with one ranged XPENDING over their range, filtered
 -- by the consumer, paged by 1000 (the range may hold other entries of the
--- consumer), instead of one XPENDING per ID.
-local function mine(stream, group, consumer, want)
-  local lo, hi
-  for id in pairs(want) do
-    if lo == nil or less(id, lo) then lo = id end
-    if hi == nil or less(hi, id) then hi = id end
+-- consumer), instead of one XPENDING per ID. lo and hi, when given, are the
+-- lowest and highest of them (the caller sorted them), and want may then be
+-- nil: the set returned holds every ID of the consumer's in [lo, hi].
+local function mine(stream, group, consumer, want, lo, hi)
+  if lo == nil then
+    for id in pairs(want) do
+      if lo == nil or less(id, lo) then lo = id end
+      if hi == nil or less(hi, id) then hi = id end
+    end
   end
   local owned = {}
   if lo == nil then return owned end
@@ -39,7 +42,7 @@ local function mine(stream, group, consumer, want)
   while true do
     local p = redis.call('XPENDING', stream, group, start, hi, 1000, consumer)
     for _, e in ipairs(p) do
-      if want[e[1]] then owned[e[1]] = true end
+      if want == nil or want[e[1]] then owned[e[1]] = true end
     end
     if #p < 1000 or p[#p][1] == hi then break end
     start = after(p[#p][1])
