@@ -9,15 +9,25 @@
 --               ({stream}:job:<job id>, stream/index.go)
 -- ARGV[5]  t: the number of tracked jobs
 -- ARGV[6]  the time to live of a done job's record, ms
--- ARGV[7..6+3t] for each tracked job, in KEYS order: its entry ID, the
+-- ARGV[7]  the lowest of the entry IDs to acknowledge ("" when n = 0)
+-- ARGV[8]  the highest of them ("" when n = 0)
+-- ARGV[9..8+3t] for each tracked job, in KEYS order: its entry ID, the
 --               state of its record ("done", or "cancelled" for a job
 --               cancelled by an operator) and the result its handler
 --               recorded ("" for none)
--- then, from b = 7+3t:
--- ARGV[b..b-1+n]  entry IDs to acknowledge (finished jobs)
--- ARGV[b+n..]   entry IDs this consumer has already settled with another script
---               (retry, dead-letter): only to be deleted
--- Returns  {acked, {id owned by another consumer, ...}, {id no longer pending, ...}, deleted}
+-- then, from b = 9+3t:
+-- ARGV[b..b-1+n]  entry IDs to acknowledge (finished jobs), each once
+-- ARGV[b+n..]   with ARGV[3] "1": candidates for deletion, entries this
+--               consumer has settled since its last trim (acknowledged, or
+--               settled with another script: retry, dead-letter); the
+--               consumer sends them only when its last trim found settled
+--               entries piled up (see below), and none otherwise
+-- Returns  {acked, {id owned by another consumer, ...}, {id no longer pending, ...}, deleted,
+--          piled: 1 when the trim found more than 1000 settled entries above the horizon, else 0}
+-- The caller passes lo and hi (it sorts the IDs), so that acknowledging
+-- compares no IDs (less, string.match on both, cost more than the XACK);
+-- IDs out of order cost a Lua table, never an ownership check, and an ID
+-- outside [lo, hi] is reported, not acknowledged.
 -- A tracked job this call acknowledges gets its record "done" (or
 -- "cancelled"), with the time and its result, for ARGV[6] ms: that SET comes after the XACK, so it
 -- needs no room under maxmemory (see below).
@@ -30,56 +40,72 @@
 -- the oldest entry any group still needs; when that horizon is held back (a
 -- job running for hours, a lagging group) and settled entries pile up above
 -- it, by XDEL of the settled entries themselves, so that one long job holds
--- only its own entry (and at most about 1000 settled ones), never all the
--- entries after it.
+-- only its own entry (and about 1000 settled ones, plus what each consumer
+-- settled since its last trim), never all the entries after it.
 -- Only XACK and XDEL write, and neither needs memory: this script works while
 -- Redis is over maxmemory (the records of tracked jobs are written after the
 -- XACK, and Redis lets a script that has written go on).
 
--- less, after and mine come from ids.lua, put in front of this script.
+-- less, after and mine_range come from ids.lua, put in front of this script.
 
 local n, t = tonumber(ARGV[4]), tonumber(ARGV[5])
-local b = 7 + 3 * t
-local want = {}
-for i = b, b - 1 + n do want[ARGV[i]] = true end
-local owned, acked = {}, 0
+local b = 9 + 3 * t
+-- The consumer's pending entries in [lo, hi]. Mostly they are exactly the
+-- batch (all: every ID is owned, no table of IDs is built); otherwise the IDs of
+-- the batch among them are owned, and each of the others is either pending
+-- under another consumer (stale) or not pending (gone).
+local all, owned, stale, gone, acked = false, {}, {}, {}, 0
 if n > 0 then
-  local got = mine(KEYS[1], ARGV[1], ARGV[2], want)
-  for i = b, b - 1 + n do
-    if got[ARGV[i]] and want[ARGV[i]] then
-      owned[#owned + 1] = ARGV[i]
-      want[ARGV[i]] = nil
-    end
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[7], ARGV[8], 1000, ARGV[2])
+  all = #p == n
+  for i = 1, #p do
+    if not all then break end
+    all = p[i][1] == ARGV[b - 1 + i]
   end
-end
-local stale, gone = {}, {}
-for i = b, b - 1 + n do
-  if want[ARGV[i]] then
-    if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1) == 1 then
-      stale[#stale + 1] = ARGV[i]
+  if not all then
+    local got = {}
+    if #p < 1000 then
+      for _, e in ipairs(p) do got[e[1]] = true end
     else
-      gone[#gone + 1] = ARGV[i]
+      got = mine_range(KEYS[1], ARGV[1], ARGV[2], nil, ARGV[7], ARGV[8])
+    end
+    for i = b, b - 1 + n do
+      local id = ARGV[i]
+      if got[id] then
+        owned[#owned + 1] = id
+      elseif #redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1) == 1 then
+        stale[#stale + 1] = id
+      else
+        gone[#gone + 1] = id
+      end
     end
   end
 end
 if t > 0 and redis.acl_check_cmd and not redis.acl_check_cmd('SET', KEYS[2], 'v', 'PX', '1') then
   return redis.error_reply('NOPERM the user may not run SET on the index records of tracked jobs')
 end
-if #owned > 0 then acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(owned)) end
-if t > 0 and #owned > 0 then
-  local ours = {}
-  for _, id in ipairs(owned) do ours[id] = true end
+if all then
+  acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, b, b - 1 + n))
+elseif #owned > 0 then
+  acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(owned))
+end
+if t > 0 and acked > 0 then
+  local ours
+  if not all then
+    ours = {}
+    for _, id in ipairs(owned) do ours[id] = true end
+  end
   local tm = redis.call('TIME')
   local now = string.format('%.0f', tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000))
   for k = 1, t do
-    local id, st, res = ARGV[4 + 3 * k], ARGV[5 + 3 * k], ARGV[6 + 3 * k]
-    if ours[id] then
+    local id, st, res = ARGV[6 + 3 * k], ARGV[7 + 3 * k], ARGV[8 + 3 * k]
+    if all or ours[id] then
       redis.call('SET', KEYS[1 + k], #st .. ':' .. st .. '0:0:' .. #now .. ':' .. now .. '0:' .. #res .. ':' .. res, 'PX', ARGV[6])
     end
   end
 end
 
-local deleted = 0
+local deleted, piled = 0, 0
 if ARGV[3] == '1' then
   -- The horizon: below it, every group has read and settled every entry.
   -- A cheap approximate MINID trim removes the whole stream nodes below it.
@@ -107,10 +133,18 @@ if ARGV[3] == '1' then
   -- something holds it back (a job pending for long, a lagging group):
   -- when more than 1000 such entries have piled up, settled entries are
   -- deleted one by one, if every other group has read them and none holds
-  -- them pending.
-  if redis.call('XLEN', KEYS[1]) - busy > 1000 then
-    local cand = owned
-    for i = b + n, #ARGV do cand[#cand + 1] = ARGV[i] end
+  -- them pending; the reply says so (piled), and the consumer then sends
+  -- its candidates with its next trims.
+  if horizon and redis.call('XLEN', KEYS[1]) - busy > 1000 then
+    piled = 1
+    -- The candidates: what this call acknowledged, and those sent.
+    local cand = {}
+    if all then
+      for i = b, #ARGV do cand[#cand + 1] = ARGV[i] end
+    else
+      for _, id in ipairs(owned) do cand[#cand + 1] = id end
+      for i = b + n, #ARGV do cand[#cand + 1] = ARGV[i] end
+    end
     local del = {}
     for _, id in ipairs(cand) do
       local free = not less(id, horizon)
@@ -123,4 +157,4 @@ if ARGV[3] == '1' then
     if #del > 0 then deleted = deleted + redis.call('XDEL', KEYS[1], unpack(del)) end
   end
 end
-return {acked, stale, gone, deleted}
+return {acked, stale, gone, deleted, piled}

@@ -62,6 +62,9 @@ type Consumer struct {
 	jobTime  atomic.Int64 // handlers' average run time, ns
 	finished atomic.Int64 // handlers returned
 	caughtUp atomic.Bool  // the last read found fewer new entries than it asked for
+	// ackPiled: the last trim found settled entries piled up above the
+	// horizon (ack.lua), so the next sends its candidates for deletion.
+	ackPiled atomic.Bool
 	// finishedAtRead is finished when the last read was sent; read loop only.
 	finishedAtRead int64
 

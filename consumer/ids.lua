@@ -26,31 +26,21 @@ end
 -- mine_range returns the set of the IDs of want (a set) that consumer owns
 -- in group's PEL of stream, all of them between lo and hi (inclusive): one
 -- ranged XPENDING from lo to hi, filtered by the consumer, paged by 1000
--- (the range may hold other entries of the consumer). A caller that knows
--- the range (the client sorted the IDs) saves mine's comparisons; a range
--- that misses an ID of want only makes it read as not owned.
+-- (the range may hold other entries of the consumer), instead of one
+-- XPENDING per ID. The client sorted the IDs and gives the range, so the
+-- script compares none; a range that misses an ID of want only makes it read
+-- as not owned. With want nil, the set holds every ID of the consumer's in
+-- [lo, hi].
 local function mine_range(stream, group, consumer, want, lo, hi)
   local owned = {}
   local start = lo
   while true do
     local p = redis.call('XPENDING', stream, group, start, hi, 1000, consumer)
     for _, e in ipairs(p) do
-      if want[e[1]] then owned[e[1]] = true end
+      if want == nil or want[e[1]] then owned[e[1]] = true end
     end
     if #p < 1000 or p[#p][1] == hi then break end
     start = after(p[#p][1])
   end
   return owned
-end
--- mine returns the set of the IDs of want (a set) that consumer owns in
--- group's PEL of stream, with one ranged XPENDING over their range (see
--- mine_range), instead of one XPENDING per ID.
-local function mine(stream, group, consumer, want)
-  local lo, hi
-  for id in pairs(want) do
-    if lo == nil or less(id, lo) then lo = id end
-    if hi == nil or less(hi, id) then hi = id end
-  end
-  if lo == nil then return {} end
-  return mine_range(stream, group, consumer, want, lo, hi)
 end

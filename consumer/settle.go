@@ -91,15 +91,21 @@ func (c *Consumer) forgetSettled(id string) {
 // queued or waiting for this batch), so that a consumer whose jobs finish
 // together sends one script for many of them instead of one per few, and
 // an idle one acknowledges within ackLinger. The trim of settled entries
-// (the second half of ack.lua) runs once ackTrimEvery entries have been
-// settled since the last one, when the batch settles the last jobs in
-// flight and the last read found the stream caught up, or ackTrimAfter
-// after the first of fewer:
-// trimming removes whole stream nodes of about 100 entries, so trimming at
-// every small batch cost Redis CPU and removed nothing more.
+// (the second half of ack.lua: XINFO GROUPS, an XPENDING per group, XTRIM
+// MINID, XLEN) runs once ackTrimEvery entries have been settled since the
+// last one, when the batch settles the last jobs in flight and the last
+// read found the stream caught up, or ackTrimAfter after the first of
+// fewer; this is the one place that decides it. Trimming removes whole
+// stream nodes of about 100 entries, so trimming at every small batch cost
+// Redis CPU and removed nothing more. The price: each consumer leaves up to
+// ackTrimEvery settled entries (or ackTrimAfter's worth) in the stream
+// between its trims, and while the horizon is held back (ack.lua) that many
+// more than the 1000 settled entries the script lets pile up above it.
+// ackTrimEvery stays under maxAckBatch, so that the candidates for deletion
+// of one trim interval all fit in one script.
 const (
 	ackLinger    = time.Millisecond
-	ackTrimEvery = 100
+	ackTrimEvery = 500
 	ackTrimAfter = 100 * time.Millisecond
 )
 
@@ -265,6 +271,18 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	if len(ids) == 0 && !trim {
 		return forget // nothing to acknowledge: the candidates wait for the trim
 	}
+	// The script compares no IDs: it gets them sorted, each once, with the
+	// lowest and the highest.
+	slices.SortFunc(ids, stream.CompareIDs)
+	ids = slices.Compact(ids)
+	lo, hi := "", ""
+	if len(ids) > 0 {
+		lo, hi = ids[0], ids[len(ids)-1]
+	}
+	// The candidates for deletion go to Redis only when the last trim found
+	// settled entries piled up (ack.lua): otherwise the MINID trim removes
+	// them and sending them would cost Redis CPU for nothing.
+	send := trim && c.ackPiled.Load()
 	defer func() {
 		c.mu.Lock()
 		for _, id := range ids {
@@ -276,13 +294,13 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	if trim {
 		del = "1"
 	}
-	args := make([]any, 0, 6+len(tracked)+len(ids)+len(forget))
-	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), len(keys)-1, c.r.TrackTTL.Milliseconds())
+	args := make([]any, 0, 8+len(tracked)+len(ids)+len(forget))
+	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), len(keys)-1, c.r.TrackTTL.Milliseconds(), lo, hi)
 	args = append(args, tracked...)
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	if trim {
+	if send {
 		for _, id := range forget {
 			args = append(args, id)
 		}
@@ -292,7 +310,7 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	var b backoff
 	for try := 0; ; try++ {
 		res, err := ackScript.Run(ctx, c.rdb, keys, args...).Slice()
-		if err == nil && len(res) == 4 {
+		if err == nil && len(res) == 5 {
 			stale, gone := replyStrings(res[1]), replyStrings(res[2])
 			if try > 0 {
 				// Not pending any more: the earlier run acknowledged them.
@@ -320,7 +338,16 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 			if c.r.Logger.Enabled(c.base, slog.LevelDebug) {
 				c.logDone(ids, append(stale, gone...))
 			}
-			if trim || c.r.KeepSettled {
+			if c.r.KeepSettled {
+				return forget[:0]
+			}
+			if trim {
+				piled, _ := res[4].(int64)
+				c.ackPiled.Store(piled == 1)
+				if piled == 1 && !send {
+					// Piled up, and this trim had not sent them: the next will.
+					return forget
+				}
 				return forget[:0]
 			}
 			// What this consumer acknowledged waits for the next trim; an

@@ -102,6 +102,38 @@ func TestRetention(t *testing.T) {
 		})
 	})
 
+	// The same with a backlog drained at full speed: most ack batches do
+	// not trim, so the entries they settle reach Redis as candidates for
+	// deletion only in the consumer's next trims, which must send them once
+	// a trim has found settled entries piled up behind the long job.
+	t.Run("LongJobDoesNotPinBacklog", func(t *testing.T) {
+		t.Parallel()
+		q := newQueue(t, "g")
+		release := make(chan struct{})
+		defer close(release)
+		var longStarted atomic.Bool
+		enqueue(t, q, "long", 1)
+		gate := make(chan struct{})
+		c := run(t, q, "g", false, func(ctx context.Context, j *stream.Job) error {
+			if j.Type == "long" {
+				longStarted.Store(true)
+				<-release
+				return nil
+			}
+			<-gate // the backlog is in before the first short job settles
+			return nil
+		})
+		eventually(t, 10*time.Second, func() (bool, string) { return longStarted.Load(), "the long job to start" })
+		enqueue(t, q, "short", n)
+		close(gate)
+		eventually(t, 60*time.Second, acked(c, n))
+		// The last trim runs once nothing else is in flight, or 100 ms later.
+		eventually(t, 10*time.Second, func() (bool, string) {
+			l := xlen(q)
+			return l <= 1700, fmt.Sprintf("stream length %d with one job pending after %d settled; want about 1000 settled entries kept, plus up to 500 settled since the last trim and a node (100)", l, n)
+		})
+	})
+
 	t.Run("UnreadByAnotherGroup", func(t *testing.T) {
 		t.Parallel()
 		q := newQueue(t, "a", "b")

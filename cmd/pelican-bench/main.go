@@ -2,7 +2,8 @@
 // go-redis consumer, the floor, on one Redis, side by side in one run. For
 // every phase it reports jobs/s and CPU µs per job (this process's rusage
 // plus the Redis server's INFO cpu delta, used_cpu_sys + used_cpu_user),
-// and the ratio of each to the floor's in the same round.
+// split into the two (client / Redis), and the ratio of each to the floor's
+// in the same round.
 //
 //	go run ./cmd/pelican-bench [-jobs 200000] [-rounds 3] [-concurrency 0,50] [-phases consume,full-chain]
 //	go run ./cmd/pelican-bench -retention 10000000 [-backlog 100000]
@@ -329,18 +330,26 @@ func (b *bench) tag(key, round, side string) string {
 
 func (rw row) roundLine(p pair) string {
 	if rw.latency {
-		return fmt.Sprintf("%-24s floor p50 %s p99 %s %5.1f µs/job | pelican p50 %s p99 %s %5.1f µs/job | p99 ×%.2f, CPU ×%.2f",
-			rw.key, fmtDur(p.floor.p50), fmtDur(p.floor.p99), p.floor.cpuPerJob(),
-			fmtDur(p.pel.p50), fmtDur(p.pel.p99), p.pel.cpuPerJob(),
+		return fmt.Sprintf("%-24s floor p50 %s p99 %s %5.1f µs/job (%s) | pelican p50 %s p99 %s %5.1f µs/job (%s) | p99 ×%.2f, CPU ×%.2f",
+			rw.key, fmtDur(p.floor.p50), fmtDur(p.floor.p99), p.floor.cpuPerJob(), split(p.floor),
+			fmtDur(p.pel.p50), fmtDur(p.pel.p99), p.pel.cpuPerJob(), split(p.pel),
 			ratio(p.pel.p99.Seconds(), p.floor.p99.Seconds()), ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()))
 	}
-	return fmt.Sprintf("%-24s floor %9s jobs/s %5.1f µs/job %4.1f allocs/job | pelican %9s jobs/s %5.1f µs/job %4.1f allocs/job | ratio %.2f, CPU ×%.2f",
-		rw.key, thousands(p.floor.rate()), p.floor.cpuPerJob(), p.floor.allocsPerJob(),
-		thousands(p.pel.rate()), p.pel.cpuPerJob(), p.pel.allocsPerJob(),
+	return fmt.Sprintf("%-24s floor %9s jobs/s %5.1f µs/job (%s) %4.1f allocs/job | pelican %9s jobs/s %5.1f µs/job (%s) %4.1f allocs/job | ratio %.2f, CPU ×%.2f",
+		rw.key, thousands(p.floor.rate()), p.floor.cpuPerJob(), split(p.floor), p.floor.allocsPerJob(),
+		thousands(p.pel.rate()), p.pel.cpuPerJob(), split(p.pel), p.pel.allocsPerJob(),
 		ratio(p.pel.rate(), p.floor.rate()), ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()))
 }
 
-// printTables prints the medians as markdown tables.
+// split formats the client and Redis parts of a run's CPU µs/job,
+// "client / Redis".
+func split(r result) string {
+	return fmt.Sprintf("%.1f / %.1f", r.clientPerJob(), r.redisPerJob())
+}
+
+// printTables prints the medians as markdown tables; the CPU columns
+// "client / Redis" split CPU µs/job into this process's and the Redis
+// server's, each the median over rounds.
 func printTables(rows []row, res [][]pair, rate int) {
 	col := func(ps []pair, f func(pair) float64) float64 {
 		xs := make([]float64, len(ps))
@@ -358,17 +367,19 @@ func printTables(rows []row, res [][]pair, rate int) {
 		}
 	}
 	if len(through) > 0 {
-		fmt.Println("| phase | floor jobs/s | Pelican jobs/s | ratio | floor CPU µs/job | Pelican CPU µs/job | CPU ratio |")
-		fmt.Println("|---|---|---|---|---|---|---|")
+		fmt.Println("| phase | floor jobs/s | Pelican jobs/s | ratio | floor CPU µs/job | Pelican CPU µs/job | CPU ratio | floor client / Redis µs/job | Pelican client / Redis µs/job |")
+		fmt.Println("|---|---|---|---|---|---|---|---|---|")
 		for _, i := range through {
 			ps := res[i]
-			fmt.Printf("| %s | %s | %s | %.2f | %.1f | %.1f | %.2f |\n", rows[i].label,
+			fmt.Printf("| %s | %s | %s | %.2f | %.1f | %.1f | %.2f | %s | %s |\n", rows[i].label,
 				thousands(col(ps, func(p pair) float64 { return p.floor.rate() })),
 				thousands(col(ps, func(p pair) float64 { return p.pel.rate() })),
 				col(ps, func(p pair) float64 { return ratio(p.pel.rate(), p.floor.rate()) }),
 				col(ps, func(p pair) float64 { return p.floor.cpuPerJob() }),
 				col(ps, func(p pair) float64 { return p.pel.cpuPerJob() }),
-				col(ps, func(p pair) float64 { return ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()) }))
+				col(ps, func(p pair) float64 { return ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()) }),
+				splitCol(ps, func(p pair) result { return p.floor }),
+				splitCol(ps, func(p pair) result { return p.pel }))
 		}
 		// The retried, snoozed and tracked phases against the bare ones
 		// (the same concurrency), round by round.
@@ -400,15 +411,15 @@ func printTables(rows []row, res [][]pair, rate int) {
 		fmt.Println()
 	}
 	if len(lat) > 0 {
-		fmt.Printf("\n| enqueue-to-handler at %s jobs/s | floor p50 | floor p99 | Pelican p50 | Pelican p99 | p99 ratio | floor CPU µs/job | Pelican CPU µs/job | CPU ratio |\n",
+		fmt.Printf("\n| enqueue-to-handler at %s jobs/s | floor p50 | floor p99 | Pelican p50 | Pelican p99 | p99 ratio | floor CPU µs/job | Pelican CPU µs/job | CPU ratio | floor client / Redis µs/job | Pelican client / Redis µs/job |\n",
 			thousands(float64(rate)))
-		fmt.Println("|---|---|---|---|---|---|---|---|---|")
+		fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
 		dur := func(ps []pair, f func(pair) time.Duration) string {
 			return fmtDur(time.Duration(col(ps, func(p pair) float64 { return float64(f(p)) })))
 		}
 		for _, i := range lat {
 			ps := res[i]
-			fmt.Printf("| %s | %s | %s | %s | %s | %.2f | %.1f | %.1f | %.2f |\n", rows[i].label,
+			fmt.Printf("| %s | %s | %s | %s | %s | %.2f | %.1f | %.1f | %.2f | %s | %s |\n", rows[i].label,
 				dur(ps, func(p pair) time.Duration { return p.floor.p50 }),
 				dur(ps, func(p pair) time.Duration { return p.floor.p99 }),
 				dur(ps, func(p pair) time.Duration { return p.pel.p50 }),
@@ -416,9 +427,21 @@ func printTables(rows []row, res [][]pair, rate int) {
 				col(ps, func(p pair) float64 { return ratio(p.pel.p99.Seconds(), p.floor.p99.Seconds()) }),
 				col(ps, func(p pair) float64 { return p.floor.cpuPerJob() }),
 				col(ps, func(p pair) float64 { return p.pel.cpuPerJob() }),
-				col(ps, func(p pair) float64 { return ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()) }))
+				col(ps, func(p pair) float64 { return ratio(p.pel.cpuPerJob(), p.floor.cpuPerJob()) }),
+				splitCol(ps, func(p pair) result { return p.floor }),
+				splitCol(ps, func(p pair) result { return p.pel }))
 		}
 	}
+}
+
+// splitCol formats the medians over rounds of one side's client and Redis
+// CPU µs/job, "client / Redis".
+func splitCol(ps []pair, side func(pair) result) string {
+	cl, rd := make([]float64, len(ps)), make([]float64, len(ps))
+	for i, p := range ps {
+		cl[i], rd[i] = side(p).clientPerJob(), side(p).redisPerJob()
+	}
+	return fmt.Sprintf("%.1f / %.1f", median(cl), median(rd))
 }
 
 // parseConcurrency parses -concurrency: a comma list of distinct

@@ -124,6 +124,7 @@ type result struct {
 	jobs     int
 	elapsed  time.Duration
 	cpu      time.Duration // this process (rusage) + the Redis server (INFO cpu)
+	redisCPU time.Duration // the Redis server's part of cpu
 	allocs   uint64
 	p50, p99 time.Duration // latency phases only
 }
@@ -133,6 +134,16 @@ func (r result) rate() float64 { return float64(r.jobs) / r.elapsed.Seconds() }
 // cpuPerJob returns CPU µs per job.
 func (r result) cpuPerJob() float64 { return float64(r.cpu.Nanoseconds()) / 1e3 / float64(r.jobs) }
 
+// redisPerJob returns the Redis server's CPU µs per job, the part of
+// cpuPerJob that Redis spent.
+func (r result) redisPerJob() float64 {
+	return float64(r.redisCPU.Nanoseconds()) / 1e3 / float64(r.jobs)
+}
+
+// clientPerJob returns this process's CPU µs per job, the rest of
+// cpuPerJob.
+func (r result) clientPerJob() float64 { return r.cpuPerJob() - r.redisPerJob() }
+
 func (r result) allocsPerJob() float64 { return float64(r.allocs) / float64(r.jobs) }
 
 // meter measures wall time, CPU (this process and Redis) and allocations
@@ -141,6 +152,7 @@ type meter struct {
 	b       *bench
 	t0      time.Time
 	cpu0    time.Duration
+	redis0  time.Duration
 	mallocs uint64
 }
 
@@ -149,7 +161,8 @@ func (b *bench) startMeter(ctx context.Context) *meter {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	m := &meter{b: b, mallocs: ms.Mallocs}
-	m.cpu0 = redisCPU(ctx, b.rdb) + processCPU()
+	m.redis0 = redisCPU(ctx, b.rdb)
+	m.cpu0 = m.redis0 + processCPU()
 	b.startProfile()
 	m.t0 = time.Now()
 	return m
@@ -158,10 +171,11 @@ func (b *bench) startMeter(ctx context.Context) *meter {
 func (m *meter) stop(ctx context.Context, jobs int) result {
 	elapsed := time.Since(m.t0)
 	m.b.stopProfile()
-	cpu := processCPU() + redisCPU(ctx, m.b.rdb) - m.cpu0
+	rcpu := redisCPU(ctx, m.b.rdb)
+	cpu := processCPU() + rcpu - m.cpu0
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return result{jobs: jobs, elapsed: elapsed, cpu: cpu, allocs: ms.Mallocs - m.mallocs}
+	return result{jobs: jobs, elapsed: elapsed, cpu: cpu, redisCPU: rcpu - m.redis0, allocs: ms.Mallocs - m.mallocs}
 }
 
 // profileReq is a request to profile the next measured run.
