@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -46,11 +47,12 @@ func newRunner(rdb redis.UniversalClient) *Runner {
 }
 
 type call struct {
-	op    *Op
-	reply any
-	err   error
-	state int           // queued, leading or done
-	wake  chan struct{} // signalled when state leaves queued
+	op     *Op
+	reply  any
+	err    error
+	state  int           // queued, leading or done
+	wake   chan struct{} // signalled when state leaves queued; nil: posted
+	posted bool          // nobody waits for the reply
 }
 
 const (
@@ -58,6 +60,9 @@ const (
 	leading
 	done
 )
+
+// postTimeout bounds a call sent for posted operations alone.
+const postTimeout = 5 * time.Second
 
 // Do sends op, together with the operations of other callers that arrive
 // meanwhile, and returns its reply: an error when the call failed (the
@@ -94,55 +99,106 @@ func (r *Runner) Do(ctx context.Context, op *Op) (any, error) {
 			r.mu.Unlock()
 			return c.reply, c.err
 		}
-		// Promoted: c is at the head of the queue.
+		// Promoted to lead.
 	} else {
 		r.busy = true
 		r.queue = append(r.queue, c)
 	}
-	n := min(len(r.queue), MaxBatch)
-	batch := make([]*call, n)
-	copy(batch, r.queue)
-	r.queue = append(r.queue[:0], r.queue[n:]...)
-	r.mu.Unlock()
+	r.lead(context.WithoutCancel(ctx), c)
+	return c.reply, c.err
+}
 
-	ops := make([]*Op, n)
-	for i, b := range batch {
-		ops[i] = b.op
-	}
-	replies, errs := r.Send(context.WithoutCancel(ctx), ops)
-
+// Post queues op to be sent as Do would, without waiting for it or its
+// reply: for an operation whose reply changes nothing for the caller (a
+// release). It is sent before every operation queued after it (Send keeps
+// the order of the operations of one slot that can depend on each other).
+func (r *Runner) Post(op *Op) {
+	c := &call{op: op, posted: true}
 	r.mu.Lock()
-	for i, b := range batch {
-		b.reply, b.err, b.state = replies[i], errs[i], done
-		if b != c {
-			b.wake <- struct{}{}
+	r.queue = append(r.queue, c)
+	if r.busy {
+		r.mu.Unlock()
+		return
+	}
+	r.busy = true
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
+		defer cancel()
+		r.mu.Lock()
+		r.lead(ctx, nil)
+	}()
+	r.mu.Unlock()
+}
+
+// lead, called with r.mu held and r.busy set, sends the queue's operations
+// in calls of at most MaxBatch, from its head, until c's reply is in (all
+// that were queued, for c nil), then hands the lead to the first caller
+// still waiting in the queue, or to a goroutine if only posted operations
+// are left, and returns with r.mu released.
+func (r *Runner) lead(ctx context.Context, c *call) {
+	for {
+		n := min(len(r.queue), MaxBatch)
+		batch := make([]*call, n)
+		copy(batch, r.queue)
+		r.queue = append(r.queue[:0], r.queue[n:]...)
+		r.mu.Unlock()
+
+		ops := make([]*Op, n)
+		for i, b := range batch {
+			ops[i] = b.op
+		}
+		replies, errs := r.Send(ctx, ops)
+
+		r.mu.Lock()
+		for i, b := range batch {
+			b.reply, b.err, b.state = replies[i], errs[i], done
+			if b != c && b.wake != nil {
+				b.wake <- struct{}{}
+			}
+		}
+		if c != nil && c.state == done || len(r.queue) == 0 {
+			break
 		}
 	}
-	if len(r.queue) > 0 {
-		next := r.queue[0]
-		next.state = leading
-		next.wake <- struct{}{}
-	} else {
+	for _, q := range r.queue {
+		if q.wake != nil {
+			q.state = leading
+			q.wake <- struct{}{}
+			r.mu.Unlock()
+			return
+		}
+	}
+	if len(r.queue) == 0 {
 		r.busy = false
+		r.mu.Unlock()
+		return
 	}
 	r.mu.Unlock()
-	return c.reply, c.err
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
+		defer cancel()
+		r.mu.Lock()
+		r.lead(ctx, nil)
+	}()
 }
 
 // Send runs ops at once, one script call per cluster slot, the calls in
 // one pipeline, and returns each operation's reply and error. Operations
 // that take (a lock, a record) go in other script calls than those that
-// finish, release or extend: under maxmemory Redis refuses a script whose
-// first write needs memory, and the latter must still run then (their
-// first write is a PEXPIRE or a DEL).
+// finish, release or extend, and after them: under maxmemory Redis refuses
+// a script's first write if it needs memory, and the latter must still run
+// then (ops.lua makes their call's first write a PEXPIRE).
 func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	replies, errs := make([]any, len(ops)), make([]error, len(ops))
 	if len(ops) == 0 {
 		return replies, errs
 	}
-	// Group by slot, keeping each group's order.
+	// Group by slot, keeping each group's order, the groups that take
+	// after those that finish or release: an operation that depends on
+	// one queued before it (an acquire after a posted release of the same
+	// key) is never sent before it.
 	var order []int
-	groups := map[int][]int{}
+	var groups map[int][]int
 	one := true // the usual case: every operation in one group
 	for _, op := range ops[1:] {
 		if op.slot != ops[0].slot || op.grows != ops[0].grows {
@@ -150,23 +206,29 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 			break
 		}
 	}
-	for i, op := range ops {
-		if one {
-			if i == 0 {
-				order = append(order, 0)
-				groups[0] = make([]int, len(ops))
+	if one {
+		idx := make([]int, len(ops))
+		for i := range idx {
+			idx[i] = i
+		}
+		order, groups = []int{0}, map[int][]int{0: idx}
+	} else {
+		groups = map[int][]int{}
+		for _, grows := range []bool{false, true} {
+			for i, op := range ops {
+				if op.grows != grows {
+					continue
+				}
+				g := op.slot * 2
+				if op.grows {
+					g++
+				}
+				if _, ok := groups[g]; !ok {
+					order = append(order, g)
+				}
+				groups[g] = append(groups[g], i)
 			}
-			groups[0][i] = i
-			continue
 		}
-		g := op.slot * 2
-		if op.grows {
-			g++
-		}
-		if _, ok := groups[g]; !ok {
-			order = append(order, g)
-		}
-		groups[g] = append(groups[g], i)
 	}
 	type sent struct {
 		idx  []int

@@ -192,3 +192,62 @@ func TestOps_releaseAndFinishWhenFull(t *testing.T) {
 		t.Errorf("the refused acquire wrote its lock")
 	}
 }
+
+// An operation posted before another one of the same key is applied first,
+// even when a batch also holds operations of other kinds that come first:
+// a release posted by a job that returned, then the acquire of the next
+// job of the key.
+func TestRunner_Post_keepsOrder(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(rdb)
+	v, err := r.Do(t.Context(), LockAcquire(prefix+"k", "a", time.Minute))
+	f, ok := v.(string)
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v, %v", v, err)
+	}
+	g := &gate{release: make(chan struct{})}
+	rdb.AddHook(g)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = r.Do(t.Context(), LockAcquire(prefix+"first", "t", time.Minute)) })
+	for g.calls.Load() == 0 { // the first caller is sending
+		time.Sleep(time.Millisecond)
+	}
+	queued := func(n int) {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			r.mu.Lock()
+			q := len(r.queue)
+			r.mu.Unlock()
+			if q == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d operations queued, want %d", q, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var other, next any
+	var nextErr error
+	wg.Go(func() { other, _ = r.Do(t.Context(), LockAcquire(prefix+"other", "t", time.Minute)) })
+	queued(1)
+	r.Post(LockRelease(prefix+"k", LockValue(f, "a"), time.Minute))
+	wg.Go(func() { next, nextErr = r.Do(t.Context(), LockAcquire(prefix+"k", "b", time.Minute)) })
+	queued(3)
+	close(g.release)
+	wg.Wait()
+	if _, ok := other.(string); !ok {
+		t.Fatalf("acquire of another key: %v", other)
+	}
+	if n, ok := next.(string); nextErr != nil || !ok || n <= f {
+		t.Fatalf("acquire after the posted release: %v, %v; want a fence above %s", next, nextErr, f)
+	}
+}
