@@ -193,12 +193,6 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	if len(ops) == 0 {
 		return replies, errs
 	}
-	// Group by slot, keeping each group's order, the groups that take
-	// after those that finish or release: an operation that depends on
-	// one queued before it (an acquire after a posted release of the same
-	// key) is never sent before it.
-	var order []int
-	var groups map[int][]int
 	one := true // the usual case: every operation in one group
 	for _, op := range ops[1:] {
 		if op.slot != ops[0].slot || op.grows != ops[0].grows {
@@ -207,27 +201,30 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 		}
 	}
 	if one {
-		idx := make([]int, len(ops))
-		for i := range idx {
-			idx[i] = i
-		}
-		order, groups = []int{0}, map[int][]int{0: idx}
-	} else {
-		groups = map[int][]int{}
-		for _, grows := range []bool{false, true} {
-			for i, op := range ops {
-				if op.grows != grows {
-					continue
-				}
-				g := op.slot * 2
-				if op.grows {
-					g++
-				}
-				if _, ok := groups[g]; !ok {
-					order = append(order, g)
-				}
-				groups[g] = append(groups[g], i)
+		keys, args := gather(ops, nil)
+		v, err := opsScript.Run(ctx, r.rdb, keys, args...).Slice() // EVALSHA, EVAL on NOSCRIPT
+		deliver(replies, errs, nil, v, err)
+		return replies, errs
+	}
+	// Group by slot, keeping each group's order, the groups that take
+	// after those that finish or release: an operation that depends on
+	// one queued before it (an acquire after a posted release of the same
+	// key) is never sent before it.
+	var order []int
+	groups := map[int][]int{}
+	for _, grows := range []bool{false, true} {
+		for i, op := range ops {
+			if op.grows != grows {
+				continue
 			}
+			g := op.slot * 2
+			if op.grows {
+				g++
+			}
+			if _, ok := groups[g]; !ok {
+				order = append(order, g)
+			}
+			groups[g] = append(groups[g], i)
 		}
 	}
 	type sent struct {
@@ -237,59 +234,80 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 		cmd  *redis.Cmd
 	}
 	calls := make([]*sent, 0, len(order))
-	for _, slot := range order {
-		s := &sent{idx: groups[slot]}
-		s.keys = make([]string, 0, len(s.idx))
-		s.args = make([]any, 0, 4*len(s.idx))
-		for _, i := range s.idx {
-			s.keys = append(s.keys, ops[i].keys...)
-			s.args = append(s.args, ops[i].args...)
-		}
+	for _, g := range order {
+		s := &sent{idx: groups[g]}
+		s.keys, s.args = gather(ops, s.idx)
 		calls = append(calls, s)
 	}
-	if len(calls) == 1 {
-		s := calls[0]
-		s.cmd = opsScript.Run(ctx, r.rdb, s.keys, s.args...) // EVALSHA, EVAL on NOSCRIPT
-	} else {
+	pipe := r.rdb.Pipeline()
+	for _, s := range calls {
+		s.cmd = opsScript.EvalSha(ctx, pipe, s.keys, s.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	// The script is not cached on some node (a restart): send those calls
+	// again with the script, only those (the others ran).
+	var again []*sent
+	for _, s := range calls {
+		if err := s.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			again = append(again, s)
+		}
+	}
+	if len(again) > 0 {
 		pipe := r.rdb.Pipeline()
-		for _, s := range calls {
-			s.cmd = opsScript.EvalSha(ctx, pipe, s.keys, s.args...)
+		for _, s := range again {
+			s.cmd = opsScript.Eval(ctx, pipe, s.keys, s.args...)
 		}
 		_, _ = pipe.Exec(ctx)
-		// The script is not cached on some node (a restart): send those
-		// calls again with the script, only those (the others ran).
-		var again []*sent
-		for _, s := range calls {
-			if err := s.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-				again = append(again, s)
-			}
-		}
-		if len(again) > 0 {
-			pipe := r.rdb.Pipeline()
-			for _, s := range again {
-				s.cmd = opsScript.Eval(ctx, pipe, s.keys, s.args...)
-			}
-			_, _ = pipe.Exec(ctx)
-		}
 	}
 	for _, s := range calls {
 		v, err := s.cmd.Slice()
-		if err == nil && len(v) != len(s.idx) {
-			err = fmt.Errorf("guard: %d replies to %d operations", len(v), len(s.idx))
+		deliver(replies, errs, s.idx, v, err)
+	}
+	return replies, errs
+}
+
+// gather returns the keys and arguments of the script call of ops idx (all
+// of ops for nil).
+func gather(ops []*Op, idx []int) ([]string, []any) {
+	n := len(ops)
+	if idx != nil {
+		n = len(idx)
+	}
+	keys, args := make([]string, 0, n), make([]any, 0, 4*n)
+	for j := range n {
+		op := ops[j]
+		if idx != nil {
+			op = ops[idx[j]]
 		}
-		for j, i := range s.idx {
-			if err != nil {
-				errs[i] = err
-				continue
-			}
-			if e, ok := v[j].(redis.Error); ok {
-				errs[i] = e
-				continue
-			}
+		keys = append(keys, op.keys...)
+		args = append(args, op.args...)
+	}
+	return keys, args
+}
+
+// deliver sets the replies and errors of ops idx (all, for nil) from the
+// reply v (or error err) of their script call.
+func deliver(replies []any, errs []error, idx []int, v []any, err error) {
+	n := len(replies)
+	if idx != nil {
+		n = len(idx)
+	}
+	if err == nil && len(v) != n {
+		err = fmt.Errorf("guard: %d replies to %d operations", len(v), n)
+	}
+	for j := range n {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		if err != nil {
+			errs[i] = err
+		} else if e, ok := v[j].(redis.Error); ok {
+			errs[i] = e
+		} else {
 			replies[i] = v[j]
 		}
 	}
-	return replies, errs
 }
 
 // ErrReply is returned for a reply of an unexpected shape.
