@@ -28,9 +28,6 @@ const (
 	DefaultLockTTL = 30 * time.Second
 )
 
-// lockReleaseTimeout bounds the release of a lock after the handler returns.
-const lockReleaseTimeout = 5 * time.Second
-
 // LockConfig configures [Lock].
 type LockConfig struct {
 	// ConflictDelay is how long a job that found its lock held elsewhere
@@ -87,10 +84,14 @@ func (cfg LockConfig) Validate() error {
 // job. If a renewal finds the lock gone (the process stalled past the TTL
 // and another one took it), the handler's context is cancelled with a cause
 // matching [lockx.ErrLockLost]. When the handler returns, or panics, the
-// lock is released (compare-and-release, under a context of its own), and
-// the handler's result, or panic, passes through. The commands of
-// concurrent jobs go to Redis together (one script call per cluster slot
-// and round trip).
+// lock is released (compare-and-release) and the handler's result, or
+// panic, passes through at once: the release is sent with the next batch,
+// not waited for (a release that fails leaves the lock to expire after its
+// TTL, as a crash would), and before any lock or record operation this
+// process sends later, so a later job of the key here finds the lock free.
+// The job may be acknowledged before the release reaches Redis. The
+// commands of concurrent jobs go to Redis together (one script call per
+// cluster slot and round trip).
 //
 // Directly outside [Idempotency] on an [idem.RedisStore] of the same rdb
 // (the recommended order), the two are fused when a job's lock and record
@@ -199,25 +200,30 @@ func (h *lockHandler) Process(ctx context.Context, job *stream.Job) error {
 	if err != nil {
 		return fmt.Errorf("middleware: lock %q: %w", key, err)
 	}
-	return h.hold(ctx, job, l, h.next.Process, func(rctx context.Context) {
-		// Not an error of the job: a lock not released expires.
-		_ = l.Release(rctx)
-	})
+	return h.hold(ctx, job, l, h.next.Process, func() { h.release(l) })
+}
+
+// release releases l (compare-and-release) without waiting: the job's
+// result does not depend on it (a lock not released expires), and the
+// release is sent before any operation this process queues after it, so a
+// later job of the key here finds the lock free.
+func (h *lockHandler) release(l *lockx.Lock) {
+	if rk, value, ttl, ok := guard.TakeRelease(l); ok {
+		h.locks.runner.Post(guard.LockRelease(rk, value, ttl))
+	}
 }
 
 // hold runs run holding l: renewed by the client's watchdog (even if ctx
 // ends first: the handler may still be running), in run's context, which
 // is cancelled with a cause matching lockx.ErrLockLost if l is lost; then
-// release, under a context of its own, even if run panics.
+// release, even if run panics.
 func (h *lockHandler) hold(ctx context.Context, job *stream.Job, l *lockx.Lock,
-	run func(context.Context, *stream.Job) error, release func(context.Context)) error {
+	run func(context.Context, *stream.Job) error, release func()) error {
 	l.KeepAlive(context.WithoutCancel(ctx))
 	hctx, cancel := l.Guard(ctx)
 	defer func() {
 		cancel()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), lockReleaseTimeout)
-		defer rcancel()
-		release(rctx)
+		release()
 	}()
 	return run(hctx, job)
 }
@@ -281,8 +287,8 @@ func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
 		var st string
 		switch act {
 		case idemNone:
-			_, err := r.Do(sctx, guard.LockRelease(rk, value, ttl))
-			return err
+			r.Post(guard.LockRelease(rk, value, ttl))
+			return nil
 		case idemComplete:
 			st = "c"
 		case idemFail:
@@ -301,9 +307,9 @@ func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
 	}
 	return lh.hold(ctx, job, l, func(hctx context.Context, job *stream.Job) error {
 		return h.idem.run(hctx, job, recKey, owner, sent, finish)
-	}, func(rctx context.Context) {
+	}, func() {
 		if !lockGone {
-			_ = l.Release(rctx)
+			lh.release(l)
 		}
 	})
 }

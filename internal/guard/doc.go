@@ -8,10 +8,13 @@
 // with whatever queued meanwhile; callers that arrive while a call is in
 // flight queue, and the first of them sends the next call as soon as the
 // reply comes back (group commit: no goroutine, no timer, no added latency
-// for a lone caller). Operations are grouped by cluster slot: one script
-// call per slot, all calls of a batch in one pipeline. Per-queue namespaces
-// ("{orders}:lock:", "{orders}:idem:") put every operation of a queue in one
-// slot, hence one script call per batch.
+// for a lone caller). [Runner.Post] queues an operation nobody waits for
+// (a release): it goes with the next call, sent by the caller then leading
+// or by a goroutine when none is. Operations are grouped by cluster slot:
+// one script call per slot, all calls of a batch in one pipeline, those
+// that finish or release before those that take. Per-queue namespaces
+// ("{orders}:lock:", "{orders}:idem:") put every operation of a queue in
+// one slot, hence one script call per batch.
 //
 // Fused operations take a lock and begin a record (or finish a record and
 // release a lock) in one step; both keys must share a slot.

@@ -3,6 +3,8 @@ package guard
 import (
 	_ "embed"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,29 +31,52 @@ func (o *Op) Slot() int { return o.slot }
 
 func newOp(code string, keys []string, args ...any) *Op {
 	grows := code == "la" || code == "rb" || code == "gb"
-	return &Op{keys: keys, args: append([]any{code}, args...), slot: keyslot.Of(keys[0]), grows: grows}
+	a := make([]any, 0, 1+len(args))
+	a = append(append(a, code), args...)
+	return &Op{keys: keys, args: a, slot: keyslot.Of(keys[0]), grows: grows}
 }
 
 // Ms formats d as whole milliseconds, at least 1.
 func Ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
+
+// msArgs caches ms's arguments: the TTLs, leases and retentions of a
+// process are a few values, formatted and boxed once (up to msArgsMax).
+var (
+	msArgs    sync.Map // time.Duration -> any (string)
+	msArgsN   atomic.Int32
+	msArgsMax int32 = 64
+)
+
+// ms returns Ms(d) as a script argument.
+func ms(d time.Duration) any {
+	if v, ok := msArgs.Load(d); ok {
+		return v
+	}
+	var v any = Ms(d)
+	if msArgsN.Load() < msArgsMax {
+		msArgsN.Add(1)
+		msArgs.Store(d, v)
+	}
+	return v
+}
 
 // LockValue is what a held lock of fence and token holds.
 func LockValue(fence, token string) string { return fence + " " + token }
 
 // LockAcquire takes lock for ttl with token; reply: the fence (string) or 0.
 func LockAcquire(lock, token string, ttl time.Duration) *Op {
-	return newOp("la", []string{lock}, token, Ms(ttl))
+	return newOp("la", []string{lock}, token, ms(ttl))
 }
 
 // LockRelease leaves a tombstone of the fence for keep if lock holds value;
 // reply: 1 or 0.
 func LockRelease(lock, value string, keep time.Duration) *Op {
-	return newOp("lr", []string{lock}, value, Ms(keep))
+	return newOp("lr", []string{lock}, value, ms(keep))
 }
 
 // LockExtend sets lock's TTL if it holds value; reply: 1 or 0.
 func LockExtend(lock, value string, ttl time.Duration) *Op {
-	return newOp("le", []string{lock}, value, Ms(ttl))
+	return newOp("le", []string{lock}, value, ms(ttl))
 }
 
 // LockTTL returns lock's PTTL in ms if it holds value, else -3.
@@ -59,13 +84,13 @@ func LockTTL(lock, value string) *Op { return newOp("lt", []string{lock}, value)
 
 // RecordBegin begins record for owner; reply: {status, owner, payload, ""}.
 func RecordBegin(record, owner string, lease time.Duration) *Op {
-	return newOp("rb", []string{record}, owner, Ms(lease))
+	return newOp("rb", []string{record}, owner, ms(lease))
 }
 
 // RecordFinish completes (status "c") or fails ("f") owner's processing
 // record with val, kept for retention; reply: 1 or 0.
 func RecordFinish(record, owner, status string, val []byte, retention time.Duration) *Op {
-	return newOp("rf", []string{record}, owner, status, val, Ms(retention))
+	return newOp("rf", []string{record}, owner, status, val, ms(retention))
 }
 
 // RecordRelease deletes owner's processing record; reply: 1 or 0.
@@ -73,7 +98,7 @@ func RecordRelease(record, owner string) *Op { return newOp("rr", []string{recor
 
 // RecordExtend sets the lease of owner's processing record; reply: 1 or 0.
 func RecordExtend(record, owner string, lease time.Duration) *Op {
-	return newOp("re", []string{record}, owner, Ms(lease))
+	return newOp("re", []string{record}, owner, ms(lease))
 }
 
 // RecordForget deletes a finished record of status ("c" or "f"); reply: 1, 0.
@@ -83,14 +108,14 @@ func RecordForget(record, status string) *Op { return newOp("rx", []string{recor
 // reply: {status, owner, payload, fence} with status "locked" when the lock
 // is held.
 func LockBegin(lock, token string, ttl time.Duration, record, owner string, lease time.Duration) *Op {
-	return newOp("gb", []string{lock, record}, token, Ms(ttl), owner, Ms(lease))
+	return newOp("gb", []string{lock, record}, token, ms(ttl), owner, ms(lease))
 }
 
 // FinishRelease finishes (status "c", "f") or releases ("r") owner's record,
 // then releases lock (value, tombstone kept for keep); reply: {record reply,
 // lock reply}.
 func FinishRelease(lock, value string, keep time.Duration, record, status, owner string, val []byte, retention time.Duration) *Op {
-	return newOp("gf", []string{lock, record}, value, Ms(keep), status, owner, val, Ms(retention))
+	return newOp("gf", []string{lock, record}, value, ms(keep), status, owner, val, ms(retention))
 }
 
 // SameSlot reports whether keys a and b share a cluster slot.

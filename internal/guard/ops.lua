@@ -4,13 +4,18 @@
 --         the fused ones (lock, then record); all in one cluster slot (the
 --         batcher groups operations by slot)
 -- ARGV    per operation its code, then its arguments (see below); every
---         number is a positive integer of milliseconds
--- Returns one reply per operation, in order. Each operation checks what can
---         fail (arguments, the ACL) before its first write and then applies
---         all of its writes: one that fails a check gets an error reply of
---         its own and changes nothing, and the others still run. An OOM
---         refusal of the script's first write fails the whole call, which
---         then has written nothing.
+--         number is a positive integer of milliseconds, tokens and owners
+--         are not empty (op.go builds them; the script does not check)
+-- Returns one reply per operation, in order. An operation that cannot be
+--         applied whole gets an error reply of its own and changes nothing,
+--         and the others still run: each makes one write, sent with
+--         redis.pcall (a refusal, by the ACL or OOM, is its error reply),
+--         or, fused, checks its second write with the ACL before the first.
+--         The operations that finish or release (never in one call with one
+--         that takes: runner.go) first mark the call as written with a
+--         PEXPIRE that changes nothing (GT 1 ms), so that Redis over
+--         maxmemory still lets them write (it refuses only a script's first
+--         write); one that takes is refused then, and has written nothing.
 --
 -- Locks. A held lock is the string "<fence> <token>" with the lock's TTL; a
 -- released lock is the string "<fence>" (a tombstone) kept for the TTL given
@@ -42,47 +47,59 @@
 --                       finish (s: c or f, as rf) or release (s: r, as rr)
 --                       the record, then release the lock (as lr):
 --                       {record reply, lock reply}
-local now
+
+-- Cost: a redis.call is the main cost of an operation (more for a write with
+-- a TTL), then redis.acl_check_cmd and string.format: each operation makes
+-- as few calls as it can, checks the ACL only for a second write, and the
+-- fence is formatted once per call (and again only after a fence >= now).
+local now, nows
 local function fence(v)
   if not now then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    -- Exact as a double below 2^53 (year 2255 in microseconds).
+    if now >= 9007199254740992 then
+      return nil
+    end
+    nows = t[1] .. string.sub(tostring(1000000 + tonumber(t[2])), 2)
   end
-  local f = now
   local p = v and tonumber(v)
-  if p and p >= f then
-    f = p + 1
+  if p and p >= now then
+    if p + 1 >= 9007199254740992 then
+      return nil
+    end
+    return string.format('%.0f', p + 1)
   end
-  -- Exact as a double below 2^53 (year 2255 in microseconds).
-  if f >= 9007199254740992 then
-    return nil
-  end
-  return string.format('%.0f', f)
+  return nows
 end
 
-local function num(s)
-  local n = tonumber(s)
-  if not n or n < 1 or n ~= math.floor(n) then
-    return nil
+-- primed: the call has made a write, so that Redis no longer refuses a
+-- write for OOM (see the header); prime(k) makes one that changes nothing.
+local primed = false
+local function prime(k)
+  if not primed then
+    redis.call('PEXPIRE', k, 1, 'GT')
+    primed = true
   end
-  return n
 end
 
--- may checks the ACL for cmd on key alone (an extra argument of DEL would
--- be another key).
-local margs = {SET = 'v', PEXPIRE = '1'}
-local function may(cmd, key)
-  if not redis.acl_check_cmd then
-    return true
-  end
-  if margs[cmd] then
-    return redis.acl_check_cmd(cmd, key, margs[cmd])
-  end
-  return redis.acl_check_cmd(cmd, key)
+-- may checks the ACL for a SET of key.
+local function may(key)
+  return not redis.acl_check_cmd or redis.acl_check_cmd('SET', key, 'v')
 end
 
 local function denied(what)
   return redis.error_reply('NOPERM the user may not write the ' .. what)
+end
+
+-- failed returns the error reply of a redis.pcall of a write (the ACL or
+-- OOM refused it: nothing written), or nil (written).
+local function failed(r)
+  if type(r) == 'table' and r.err then
+    return r
+  end
+  primed = true
+  return nil
 end
 
 local function held(v)
@@ -112,85 +129,172 @@ local function report(v)
   return {names[s], owner, payload, ''}
 end
 
-local function lock_release(k, value, keep)
-  if redis.call('GET', k) ~= value then
-    return 0
-  end
-  -- PEXPIRE first: a script's first write is what Redis refuses when it is
-  -- over maxmemory, and this one needs no memory.
-  redis.call('PEXPIRE', k, keep)
-  redis.call('SET', k, string.sub(value, 1, string.find(value, ' ', 1, true) - 1), 'KEEPTTL')
-  return 1
+-- lock_check returns whether lock k holds value.
+local function lock_check(k, value)
+  return redis.call('GET', k) == value
 end
 
-local function record_finish(k, owner, s, val, ret)
+-- lock_release leaves the tombstone of value's fence for keep ms (k holds
+-- value: lock_check): 1, or the error reply of a refused write.
+local function lock_release(k, value, keep)
+  prime(k)
+  local r = redis.pcall('SET', k, string.sub(value, 1, string.find(value, ' ', 1, true) - 1), 'PX', keep)
+  return failed(r) or 1
+end
+
+-- record_check returns 1 if record k is owner's processing record, 2 if it
+-- is owner's record finished with status s already, else 0.
+local function record_check(k, owner, s)
   local v = redis.call('GET', k)
   if v == 'p' .. owner then
-    redis.call('PEXPIRE', k, ret) -- first, as in lock_release
-    redis.call('SET', k, s .. #owner .. ':' .. owner .. val, 'KEEPTTL')
     return 1
   end
   if v and string.sub(v, 1, 1) == s then
     local _, o = parse(v)
     if o == owner then
-      return 1
+      return 2
     end
   end
   return 0
 end
 
-local function record_release(k, owner)
-  if redis.call('GET', k) ~= 'p' .. owner then
-    return 0
+-- record_write finishes (s: c or f) or releases (s: r, a DEL, which OOM
+-- never refuses) owner's processing record k (record_check): 1, or the
+-- error reply of a refused write.
+local function record_write(k, owner, s, val, ret)
+  if s == 'r' then
+    return failed(redis.pcall('DEL', k)) or 1
   end
-  redis.call('DEL', k)
-  return 1
+  prime(k)
+  return failed(redis.pcall('SET', k, s .. #owner .. ':' .. owner .. val, 'PX', ret)) or 1
 end
 
 local out = {}
 local a, ki = 1, 1
-while a <= #ARGV do
+local nargv = #ARGV
+while a <= nargv do
   local code = ARGV[a]
   local k = KEYS[ki]
   local r
   if code == 'la' then
-    local token, ttl = ARGV[a + 1], num(ARGV[a + 2])
+    local token, ttl = ARGV[a + 1], ARGV[a + 2]
     a, ki = a + 3, ki + 1
     local v = redis.call('GET', k)
-    if not ttl or token == '' then
-      r = redis.error_reply('ERR lockx: bad acquire arguments')
-    elseif held(v) then
+    if held(v) then
       r = 0
-    elseif not may('SET', k) then
-      r = denied('lock')
     else
       local f = fence(v)
       if not f then
         r = redis.error_reply('ERR lockx: fence out of range')
       else
-        redis.call('SET', k, f .. ' ' .. token, 'PX', ttl)
-        r = f
+        r = failed(redis.pcall('SET', k, f .. ' ' .. token, 'PX', ttl)) or f
       end
     end
   elseif code == 'lr' then
-    local value, keep = ARGV[a + 1], num(ARGV[a + 2])
+    local value, keep = ARGV[a + 1], ARGV[a + 2]
     a, ki = a + 3, ki + 1
-    if not keep or not string.find(value, ' ', 1, true) then
-      r = redis.error_reply('ERR lockx: bad release arguments')
-    elseif not (may('SET', k) and may('PEXPIRE', k)) then
+    r = lock_check(k, value) and lock_release(k, value, keep) or 0
+  elseif code == 'gb' then
+    local rk = KEYS[ki + 1]
+    local token, ttl, owner, lease = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+    a, ki = a + 5, ki + 2
+    local v = redis.call('GET', k)
+    if held(v) then
+      r = {'locked', '', '', ''}
+    elseif not may(k) then
+      r = denied('lock or the record')
+    else
+      local f = fence(v)
+      if not f then
+        r = redis.error_reply('ERR lockx: fence out of range')
+      else
+        -- The record first: taken only if absent, else reported as it is
+        -- (the lock then not taken); the lock's SET, checked above, cannot
+        -- fail once the call has written.
+        local rv = redis.pcall('SET', rk, 'p' .. owner, 'NX', 'PX', lease, 'GET')
+        if type(rv) == 'table' then -- refused
+          r = rv
+        elseif rv then
+          r = report(rv)
+        else
+          redis.call('SET', k, f .. ' ' .. token, 'PX', ttl)
+          r = {'started', owner, '', f}
+        end
+      end
+    end
+  elseif code == 'gf' then
+    local rk = KEYS[ki + 1]
+    local value, keep, s, owner, val, ret = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
+    a, ki = a + 7, ki + 2
+    local l = lock_check(k, value)
+    local c = record_check(rk, owner, s)
+    if l and c == 1 and not may(k) then
       r = denied('lock')
     else
-      r = lock_release(k, value, keep)
+      -- The record first, then the lock: the lock's SET, checked above,
+      -- cannot fail after the record's; alone, a refusal writes nothing.
+      local rr = c == 2 and 1 or c
+      if c == 1 then
+        rr = record_write(rk, owner, s, val, ret)
+      end
+      local lr = 0
+      if l and type(rr) ~= 'table' then
+        lr = lock_release(k, value, keep)
+      end
+      if type(rr) == 'table' then
+        r = rr
+      elseif type(lr) == 'table' then
+        r = lr
+      else
+        r = {rr, lr}
+      end
+    end
+  elseif code == 'rb' then
+    local owner, lease = ARGV[a + 1], ARGV[a + 2]
+    a, ki = a + 3, ki + 1
+    local v = redis.pcall('SET', k, 'p' .. owner, 'NX', 'PX', lease, 'GET')
+    if type(v) == 'table' then -- refused
+      r = v
+    elseif v then
+      r = report(v)
+    else
+      r = {'started', owner, '', ''}
+    end
+  elseif code == 'rf' then
+    local owner, s, val, ret = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+    a, ki = a + 5, ki + 1
+    if not names[s] then
+      r = redis.error_reply('ERR idem: bad finish arguments')
+    else
+      r = record_check(k, owner, s)
+      if r == 1 then
+        r = record_write(k, owner, s, val, ret)
+      elseif r == 2 then
+        r = 1
+      end
+    end
+  elseif code == 'rr' then
+    a, ki = a + 2, ki + 1
+    if redis.call('GET', k) ~= 'p' .. ARGV[a - 1] then
+      r = 0
+    else
+      r = record_write(k, ARGV[a - 1], 'r')
     end
   elseif code == 'le' then
-    local value, ttl = ARGV[a + 1], num(ARGV[a + 2])
+    local value, ttl = ARGV[a + 1], ARGV[a + 2]
     a, ki = a + 3, ki + 1
-    if not ttl then
-      r = redis.error_reply('ERR lockx: bad extend arguments')
-    elseif redis.call('GET', k) ~= value then
+    if redis.call('GET', k) ~= value then
       r = 0
     else
       r = redis.call('PEXPIRE', k, ttl)
+    end
+  elseif code == 're' then
+    local owner, lease = ARGV[a + 1], ARGV[a + 2]
+    a, ki = a + 3, ki + 1
+    if redis.call('GET', k) ~= 'p' .. owner then
+      r = 0
+    else
+      r = redis.call('PEXPIRE', k, lease)
     end
   elseif code == 'lt' then
     a, ki = a + 2, ki + 1
@@ -198,47 +302,6 @@ while a <= #ARGV do
       r = redis.call('PTTL', k)
     else
       r = -3
-    end
-  elseif code == 'rb' then
-    local owner, lease = ARGV[a + 1], num(ARGV[a + 2])
-    a, ki = a + 3, ki + 1
-    local v = redis.call('GET', k)
-    if not lease or owner == '' then
-      r = redis.error_reply('ERR idem: bad begin arguments')
-    elseif v then
-      r = report(v)
-    elseif not may('SET', k) then
-      r = denied('record')
-    else
-      redis.call('SET', k, 'p' .. owner, 'PX', lease)
-      r = {'started', owner, '', ''}
-    end
-  elseif code == 'rf' then
-    local owner, s, val, ret = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], num(ARGV[a + 4])
-    a, ki = a + 5, ki + 1
-    if not ret or not names[s] then
-      r = redis.error_reply('ERR idem: bad finish arguments')
-    elseif not (may('SET', k) and may('PEXPIRE', k)) then
-      r = denied('record')
-    else
-      r = record_finish(k, owner, s, val, ret)
-    end
-  elseif code == 'rr' then
-    a, ki = a + 2, ki + 1
-    if not may('DEL', k) then
-      r = denied('record')
-    else
-      r = record_release(k, ARGV[a - 1])
-    end
-  elseif code == 're' then
-    local owner, lease = ARGV[a + 1], num(ARGV[a + 2])
-    a, ki = a + 3, ki + 1
-    if not lease then
-      r = redis.error_reply('ERR idem: bad extend arguments')
-    elseif redis.call('GET', k) ~= 'p' .. owner then
-      r = 0
-    else
-      r = redis.call('PEXPIRE', k, lease)
     end
   elseif code == 'rx' then
     local s = ARGV[a + 1]
@@ -248,55 +311,8 @@ while a <= #ARGV do
       r = redis.error_reply('ERR idem: only a completed or failed record can be forgotten')
     elseif not v or string.sub(v, 1, 1) ~= s then
       r = 0
-    elseif not may('DEL', k) then
-      r = denied('record')
     else
-      redis.call('DEL', k)
-      r = 1
-    end
-  elseif code == 'gb' then
-    local rk = KEYS[ki + 1]
-    local token, ttl, owner, lease = ARGV[a + 1], num(ARGV[a + 2]), ARGV[a + 3], num(ARGV[a + 4])
-    a, ki = a + 5, ki + 2
-    local v = redis.call('GET', k)
-    if not ttl or not lease or token == '' or owner == '' then
-      r = redis.error_reply('ERR guard: bad lock-and-begin arguments')
-    elseif held(v) then
-      r = {'locked', '', '', ''}
-    else
-      local rv = redis.call('GET', rk)
-      if rv then
-        r = report(rv)
-      elseif not (may('SET', k) and may('SET', rk)) then
-        r = denied('lock or the record')
-      else
-        local f = fence(v)
-        if not f then
-          r = redis.error_reply('ERR lockx: fence out of range')
-        else
-          redis.call('SET', k, f .. ' ' .. token, 'PX', ttl)
-          redis.call('SET', rk, 'p' .. owner, 'PX', lease)
-          r = {'started', owner, '', f}
-        end
-      end
-    end
-  elseif code == 'gf' then
-    local rk = KEYS[ki + 1]
-    local value, keep, s, owner, val, ret = ARGV[a + 1], num(ARGV[a + 2]), ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], num(ARGV[a + 6])
-    a, ki = a + 7, ki + 2
-    if not keep or not ret or not string.find(value, ' ', 1, true) or not (names[s] or s == 'r') then
-      r = redis.error_reply('ERR guard: bad finish-and-release arguments')
-    elseif not (may('SET', k) and may('PEXPIRE', k) and may('SET', rk) and may('PEXPIRE', rk) and may('DEL', rk)) then
-      r = denied('lock or the record')
-    else
-      local l = lock_release(k, value, keep)
-      local rr
-      if s == 'r' then
-        rr = record_release(rk, owner)
-      else
-        rr = record_finish(rk, owner, s, val, ret)
-      end
-      r = {rr, l}
+      r = failed(redis.pcall('DEL', k)) or 1
     end
   else
     return redis.error_reply('ERR guard: unknown operation')

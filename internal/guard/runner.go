@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -46,11 +47,12 @@ func newRunner(rdb redis.UniversalClient) *Runner {
 }
 
 type call struct {
-	op    *Op
-	reply any
-	err   error
-	state int           // queued, leading or done
-	wake  chan struct{} // signalled when state leaves queued
+	op     *Op
+	reply  any
+	err    error
+	state  int           // queued, leading or done
+	wake   chan struct{} // signalled when state leaves queued; nil: posted
+	posted bool          // nobody waits for the reply
 }
 
 const (
@@ -58,6 +60,9 @@ const (
 	leading
 	done
 )
+
+// postTimeout bounds a call sent for posted operations alone.
+const postTimeout = 5 * time.Second
 
 // Do sends op, together with the operations of other callers that arrive
 // meanwhile, and returns its reply: an error when the call failed (the
@@ -94,55 +99,100 @@ func (r *Runner) Do(ctx context.Context, op *Op) (any, error) {
 			r.mu.Unlock()
 			return c.reply, c.err
 		}
-		// Promoted: c is at the head of the queue.
+		// Promoted to lead.
 	} else {
 		r.busy = true
 		r.queue = append(r.queue, c)
 	}
-	n := min(len(r.queue), MaxBatch)
-	batch := make([]*call, n)
-	copy(batch, r.queue)
-	r.queue = append(r.queue[:0], r.queue[n:]...)
-	r.mu.Unlock()
+	r.lead(context.WithoutCancel(ctx), c)
+	return c.reply, c.err
+}
 
-	ops := make([]*Op, n)
-	for i, b := range batch {
-		ops[i] = b.op
-	}
-	replies, errs := r.Send(context.WithoutCancel(ctx), ops)
-
+// Post queues op to be sent as Do would, without waiting for it or its
+// reply: for an operation whose reply changes nothing for the caller (a
+// release). It is sent before every operation queued after it (Send keeps
+// the order of the operations of one slot that can depend on each other).
+func (r *Runner) Post(op *Op) {
+	c := &call{op: op, posted: true}
 	r.mu.Lock()
-	for i, b := range batch {
-		b.reply, b.err, b.state = replies[i], errs[i], done
-		if b != c {
-			b.wake <- struct{}{}
+	r.queue = append(r.queue, c)
+	if r.busy {
+		r.mu.Unlock()
+		return
+	}
+	r.busy = true
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
+		defer cancel()
+		r.mu.Lock()
+		r.lead(ctx, nil)
+	}()
+	r.mu.Unlock()
+}
+
+// lead, called with r.mu held and r.busy set, sends the queue's operations
+// in calls of at most MaxBatch, from its head, until c's reply is in (all
+// that were queued, for c nil), then hands the lead to the first caller
+// still waiting in the queue, or to a goroutine if only posted operations
+// are left, and returns with r.mu released.
+func (r *Runner) lead(ctx context.Context, c *call) {
+	for {
+		n := min(len(r.queue), MaxBatch)
+		batch := make([]*call, n)
+		copy(batch, r.queue)
+		r.queue = append(r.queue[:0], r.queue[n:]...)
+		r.mu.Unlock()
+
+		ops := make([]*Op, n)
+		for i, b := range batch {
+			ops[i] = b.op
+		}
+		replies, errs := r.Send(ctx, ops)
+
+		r.mu.Lock()
+		for i, b := range batch {
+			b.reply, b.err, b.state = replies[i], errs[i], done
+			if b != c && b.wake != nil {
+				b.wake <- struct{}{}
+			}
+		}
+		if c != nil && c.state == done || len(r.queue) == 0 {
+			break
 		}
 	}
-	if len(r.queue) > 0 {
-		next := r.queue[0]
-		next.state = leading
-		next.wake <- struct{}{}
-	} else {
+	for _, q := range r.queue {
+		if q.wake != nil {
+			q.state = leading
+			q.wake <- struct{}{}
+			r.mu.Unlock()
+			return
+		}
+	}
+	if len(r.queue) == 0 {
 		r.busy = false
+		r.mu.Unlock()
+		return
 	}
 	r.mu.Unlock()
-	return c.reply, c.err
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
+		defer cancel()
+		r.mu.Lock()
+		r.lead(ctx, nil)
+	}()
 }
 
 // Send runs ops at once, one script call per cluster slot, the calls in
 // one pipeline, and returns each operation's reply and error. Operations
 // that take (a lock, a record) go in other script calls than those that
-// finish, release or extend: under maxmemory Redis refuses a script whose
-// first write needs memory, and the latter must still run then (their
-// first write is a PEXPIRE or a DEL).
+// finish, release or extend, and after them: under maxmemory Redis refuses
+// a script's first write if it needs memory, and the latter must still run
+// then (ops.lua makes their call's first write a PEXPIRE).
 func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	replies, errs := make([]any, len(ops)), make([]error, len(ops))
 	if len(ops) == 0 {
 		return replies, errs
 	}
-	// Group by slot, keeping each group's order.
-	var order []int
-	groups := map[int][]int{}
 	one := true // the usual case: every operation in one group
 	for _, op := range ops[1:] {
 		if op.slot != ops[0].slot || op.grows != ops[0].grows {
@@ -150,23 +200,32 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 			break
 		}
 	}
-	for i, op := range ops {
-		if one {
-			if i == 0 {
-				order = append(order, 0)
-				groups[0] = make([]int, len(ops))
+	if one {
+		keys, args := gather(ops, nil)
+		v, err := opsScript.Run(ctx, r.rdb, keys, args...).Slice() // EVALSHA, EVAL on NOSCRIPT
+		deliver(replies, errs, nil, v, err)
+		return replies, errs
+	}
+	// Group by slot, keeping each group's order, the groups that take
+	// after those that finish or release: an operation that depends on
+	// one queued before it (an acquire after a posted release of the same
+	// key) is never sent before it.
+	var order []int
+	groups := map[int][]int{}
+	for _, grows := range []bool{false, true} {
+		for i, op := range ops {
+			if op.grows != grows {
+				continue
 			}
-			groups[0][i] = i
-			continue
+			g := op.slot * 2
+			if op.grows {
+				g++
+			}
+			if _, ok := groups[g]; !ok {
+				order = append(order, g)
+			}
+			groups[g] = append(groups[g], i)
 		}
-		g := op.slot * 2
-		if op.grows {
-			g++
-		}
-		if _, ok := groups[g]; !ok {
-			order = append(order, g)
-		}
-		groups[g] = append(groups[g], i)
 	}
 	type sent struct {
 		idx  []int
@@ -175,59 +234,80 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 		cmd  *redis.Cmd
 	}
 	calls := make([]*sent, 0, len(order))
-	for _, slot := range order {
-		s := &sent{idx: groups[slot]}
-		s.keys = make([]string, 0, len(s.idx))
-		s.args = make([]any, 0, 4*len(s.idx))
-		for _, i := range s.idx {
-			s.keys = append(s.keys, ops[i].keys...)
-			s.args = append(s.args, ops[i].args...)
-		}
+	for _, g := range order {
+		s := &sent{idx: groups[g]}
+		s.keys, s.args = gather(ops, s.idx)
 		calls = append(calls, s)
 	}
-	if len(calls) == 1 {
-		s := calls[0]
-		s.cmd = opsScript.Run(ctx, r.rdb, s.keys, s.args...) // EVALSHA, EVAL on NOSCRIPT
-	} else {
+	pipe := r.rdb.Pipeline()
+	for _, s := range calls {
+		s.cmd = opsScript.EvalSha(ctx, pipe, s.keys, s.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	// The script is not cached on some node (a restart): send those calls
+	// again with the script, only those (the others ran).
+	var again []*sent
+	for _, s := range calls {
+		if err := s.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			again = append(again, s)
+		}
+	}
+	if len(again) > 0 {
 		pipe := r.rdb.Pipeline()
-		for _, s := range calls {
-			s.cmd = opsScript.EvalSha(ctx, pipe, s.keys, s.args...)
+		for _, s := range again {
+			s.cmd = opsScript.Eval(ctx, pipe, s.keys, s.args...)
 		}
 		_, _ = pipe.Exec(ctx)
-		// The script is not cached on some node (a restart): send those
-		// calls again with the script, only those (the others ran).
-		var again []*sent
-		for _, s := range calls {
-			if err := s.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-				again = append(again, s)
-			}
-		}
-		if len(again) > 0 {
-			pipe := r.rdb.Pipeline()
-			for _, s := range again {
-				s.cmd = opsScript.Eval(ctx, pipe, s.keys, s.args...)
-			}
-			_, _ = pipe.Exec(ctx)
-		}
 	}
 	for _, s := range calls {
 		v, err := s.cmd.Slice()
-		if err == nil && len(v) != len(s.idx) {
-			err = fmt.Errorf("guard: %d replies to %d operations", len(v), len(s.idx))
+		deliver(replies, errs, s.idx, v, err)
+	}
+	return replies, errs
+}
+
+// gather returns the keys and arguments of the script call of ops idx (all
+// of ops for nil).
+func gather(ops []*Op, idx []int) ([]string, []any) {
+	n := len(ops)
+	if idx != nil {
+		n = len(idx)
+	}
+	keys, args := make([]string, 0, n), make([]any, 0, 4*n)
+	for j := range n {
+		op := ops[j]
+		if idx != nil {
+			op = ops[idx[j]]
 		}
-		for j, i := range s.idx {
-			if err != nil {
-				errs[i] = err
-				continue
-			}
-			if e, ok := v[j].(redis.Error); ok {
-				errs[i] = e
-				continue
-			}
+		keys = append(keys, op.keys...)
+		args = append(args, op.args...)
+	}
+	return keys, args
+}
+
+// deliver sets the replies and errors of ops idx (all, for nil) from the
+// reply v (or error err) of their script call.
+func deliver(replies []any, errs []error, idx []int, v []any, err error) {
+	n := len(replies)
+	if idx != nil {
+		n = len(idx)
+	}
+	if err == nil && len(v) != n {
+		err = fmt.Errorf("guard: %d replies to %d operations", len(v), n)
+	}
+	for j := range n {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		if err != nil {
+			errs[i] = err
+		} else if e, ok := v[j].(redis.Error); ok {
+			errs[i] = e
+		} else {
 			replies[i] = v[j]
 		}
 	}
-	return replies, errs
 }
 
 // ErrReply is returned for a reply of an unexpected shape.

@@ -2,6 +2,7 @@ package guard
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +47,10 @@ func TestRunner_Do_batchesConcurrentCallers(t *testing.T) {
 	defer redistest.DeleteKeys(shared, prefix+"*")
 	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
 	defer rdb.Close()
+	// Cached first: a NOSCRIPT fallback would be a call of its own.
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
 	g := &gate{release: make(chan struct{})}
 	rdb.AddHook(g)
 	r := newRunner(rdb)
@@ -84,5 +89,165 @@ func TestRunner_Do_batchesConcurrentCallers(t *testing.T) {
 	}
 	if c := g.calls.Load(); c != 2 {
 		t.Errorf("%d script calls for %d callers, want 2: the first alone, the %d that queued meanwhile together", c, n, n-1)
+	}
+}
+
+// A fence is above the fence the key still holds, even one ahead of the
+// Redis clock, and refused past 2^53 (where doubles are no longer exact).
+func TestOps_fenceAboveTombstone(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	r := newRunner(shared)
+	for _, c := range []struct{ tomb, want string }{
+		{"9000000000000000", "9000000000000001"},
+		{"9007199254740990", "9007199254740991"},
+		{"9007199254740991", ""},
+	} {
+		k := prefix + c.tomb
+		shared.Set(t.Context(), k, c.tomb, time.Minute)
+		v, err := r.Do(t.Context(), LockAcquire(k, "t", time.Minute))
+		if c.want == "" {
+			if err == nil || !strings.Contains(err.Error(), "fence out of range") {
+				t.Errorf("after %s: %v, %v; want fence out of range", c.tomb, v, err)
+			}
+			continue
+		}
+		if err != nil || v != c.want {
+			t.Errorf("after %s: %v, %v; want %s", c.tomb, v, err, c.want)
+		}
+	}
+}
+
+// Over maxmemory (noeviction), the operations that finish or release still
+// apply, even the first write of their call (ops.lua primes it), while one
+// that takes is refused with OOM and writes nothing.
+func TestOps_releaseAndFinishWhenFull(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory", "4mb", "--maxmemory-policy", "noeviction"}})
+	rdb := srv.Client(t)
+	ctx := t.Context()
+	r := newRunner(rdb)
+	lv, err := r.Do(ctx, LockAcquire("{q}:lock:a", "t", time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gv, err := r.Do(ctx, LockBegin("{q}:lock:b", "t", time.Minute, "{q}:idem:b", "o", time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"{q}:idem:c", "{q}:idem:d"} {
+		if _, err := r.Do(ctx, RecordBegin(k, "o", time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	filled := 0
+	fill := func(size int) {
+		v := strings.Repeat("x", size)
+		for i := 0; ; i++ {
+			filled++
+			err := rdb.Set(ctx, "fill:"+strconv.Itoa(filled), v, 0).Err()
+			if err != nil && strings.HasPrefix(err.Error(), "OOM") {
+				return
+			}
+			if err != nil || i > 100000 {
+				t.Fatalf("filling: %v after %d", err, i)
+			}
+		}
+	}
+	fill(64 << 10)
+	fill(64) // as close to the limit as a small write gets
+	fence := func(v any) string {
+		if s, ok := v.(string); ok {
+			return s
+		}
+		return v.([]any)[3].(string)
+	}
+	result := []byte(strings.Repeat("r", 1024)) // the record grows
+	for _, c := range []struct {
+		name string
+		op   *Op
+	}{
+		{"release", LockRelease("{q}:lock:a", LockValue(fence(lv), "t"), time.Minute)},
+		{"finish", RecordFinish("{q}:idem:c", "o", "c", result, time.Hour)},
+		{"release record", RecordRelease("{q}:idem:d", "o")},
+		{"finish and release", FinishRelease("{q}:lock:b", LockValue(fence(gv), "t"), time.Minute, "{q}:idem:b", "c", "o", result, time.Hour)},
+	} {
+		// Each alone in its call: its write is the call's first.
+		replies, errs := r.Send(ctx, []*Op{c.op})
+		want := any(int64(1))
+		if c.op.args[0] == "gf" {
+			want = []any{int64(1), int64(1)}
+		}
+		if errs[0] != nil || fmt.Sprint(replies[0]) != fmt.Sprint(want) {
+			t.Errorf("%s when full: %v, %v; want %v", c.name, replies[0], errs[0], want)
+		}
+	}
+	fill(64) // the releases freed a little
+	if v, err := r.Do(ctx, LockAcquire("{q}:lock:e", "t", time.Minute)); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Errorf("acquire when full: %v, %v; want OOM", v, err)
+	}
+	if n := rdb.Exists(ctx, "{q}:lock:e").Val(); n != 0 {
+		t.Errorf("the refused acquire wrote its lock")
+	}
+}
+
+// An operation posted before another one of the same key is applied first,
+// even when a batch also holds operations of other kinds that come first:
+// a release posted by a job that returned, then the acquire of the next
+// job of the key.
+func TestRunner_Post_keepsOrder(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(rdb)
+	v, err := r.Do(t.Context(), LockAcquire(prefix+"k", "a", time.Minute))
+	f, ok := v.(string)
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v, %v", v, err)
+	}
+	g := &gate{release: make(chan struct{})}
+	rdb.AddHook(g)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = r.Do(t.Context(), LockAcquire(prefix+"first", "t", time.Minute)) })
+	for g.calls.Load() == 0 { // the first caller is sending
+		time.Sleep(time.Millisecond)
+	}
+	queued := func(n int) {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			r.mu.Lock()
+			q := len(r.queue)
+			r.mu.Unlock()
+			if q == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d operations queued, want %d", q, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var other, next any
+	var nextErr error
+	wg.Go(func() { other, _ = r.Do(t.Context(), LockAcquire(prefix+"other", "t", time.Minute)) })
+	queued(1)
+	r.Post(LockRelease(prefix+"k", LockValue(f, "a"), time.Minute))
+	wg.Go(func() { next, nextErr = r.Do(t.Context(), LockAcquire(prefix+"k", "b", time.Minute)) })
+	queued(3)
+	close(g.release)
+	wg.Wait()
+	if _, ok := other.(string); !ok {
+		t.Fatalf("acquire of another key: %v", other)
+	}
+	if n, ok := next.(string); nextErr != nil || !ok || n <= f {
+		t.Fatalf("acquire after the posted release: %v, %v; want a fence above %s", next, nextErr, f)
 	}
 }
