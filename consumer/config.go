@@ -84,10 +84,8 @@ type Config struct {
 	// below the oldest entry any group still needs, and XDEL of settled
 	// entries once more than about 1,000 of them pile up above it. So the
 	// stream holds mostly unsettled work and memory stays flat without any
-	// trimming; a long-running job holds its own entry and about 1,000
-	// settled ones (plus up to 500 per consumer, settled since its last
-	// trim: each consumer trims every 500 entries it settles, when it has
-	// nothing left in flight, or 100 ms after the first). Set KeepSettled to keep them (to trim them
+	// trimming; a long-running job holds its own entry and at most about
+	// 1,000 settled ones. Set KeepSettled to keep them (to trim them
 	// yourself: stream.TrimAcked, XTRIM). Defaults to false.
 	KeepSettled bool
 	// Logger receives the consumer's logs. A successful job is logged only at
