@@ -42,7 +42,6 @@ import (
 // embedded Lua script of the repository must have run, with keys of one
 // slot owned by the node that ran it, on every master.
 func TestCluster(t *testing.T) {
-	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	cc := cl.Client(t)
 	watch := clusterWatch(cc)
@@ -657,6 +656,7 @@ func (w *clusterWatcher) check(t *testing.T, masters []string) {
 		case strings.Contains(e, "NOSCRIPT"), // EVALSHA before the script is loaded: Run falls back to EVAL
 			strings.Contains(e, "BUSYGROUP"),                                              // XGROUP CREATE of an existing group
 			strings.Contains(e, context.Canceled.Error()),                                 // a command of a stopping consumer
+			strings.Contains(e, context.DeadlineExceeded.Error()),                         // a command's own timeout on a loaded machine (the results are checked by the scenarios)
 			strings.Contains(e, ": client ") && strings.Contains(e, "unknown subcommand"): // go-redis's handshake (CLIENT SETINFO, MAINT_NOTIFICATIONS) on Redis 7.0
 		default:
 			t.Errorf("unexpected Redis error: %s", e)
