@@ -128,7 +128,14 @@ if ARGV[3] == '1' then
     if horizon == nil or less(h, horizon) then horizon = h end
     if type(lag) ~= 'number' then busy = math.huge else busy = math.max(busy, lag + pending) end
   end
-  if horizon then deleted = redis.call('XTRIM', KEYS[1], 'MINID', '~', horizon) end
+  if horizon then
+    deleted = redis.call('XTRIM', KEYS[1], 'MINID', '~', horizon)
+    -- The approximate trim keeps a node that holds an entry at or above the
+    -- horizon, even a deleted one (an XDEL by another client): on a stream
+    -- left with at most about one node, an exact trim removes the settled
+    -- entries below the horizon too (at most ~100, so it stays cheap).
+    if redis.call('XLEN', KEYS[1]) <= 100 then deleted = deleted + redis.call('XTRIM', KEYS[1], 'MINID', horizon) end
+  end
   -- Settled entries above the horizon stay until it passes them, unless
   -- something holds it back (a job pending for long, a lagging group):
   -- when more than 1000 such entries have piled up, settled entries are
