@@ -436,6 +436,7 @@ func TestAttack21GuardRedisFull(t *testing.T) {
 		return st.Retried+st.Snoozed+st.ReadErrors >= 5 || ranWhileFull.Load() > 0, fmt.Sprintf("%+v", st)
 	})
 	time.Sleep(time.Second)
+	t.Logf("phase A, Redis full: stats %+v", c.Stats())
 	if n := ranWhileFull.Load(); n != 0 {
 		t.Errorf("phase A: %d handlers ran while Redis was full (the lock cannot have been taken)", n)
 	}
@@ -480,8 +481,12 @@ func TestAttack21GuardRedisFull(t *testing.T) {
 		return n == 30 && pc == 0 && dl == 0, fmt.Sprintf("phase B: %d of 30 keys ran; pending %d delayed %d xlen %d; stats %+v", n, pc, dl, xl, c.Stats())
 	})
 	stop()
+	t.Logf("after phase B: stats %+v", c.Stats())
 	mu.Lock()
 	for k, n := range effects {
+		if n > 1 {
+			t.Logf("%s: %d effects (completion refused while full)", k, n)
+		}
 		if strings.HasPrefix(k, "a-") && n != 1 {
 			t.Errorf("%s: %d effects (Redis was full before it started: want 1)", k, n)
 		}
@@ -503,5 +508,50 @@ func TestAttack21GuardRedisFull(t *testing.T) {
 		if ttl == -1 && (strings.HasPrefix(k, keys.Idem) || strings.HasPrefix(k, keys.Lock)) {
 			t.Errorf("key %s left without a TTL", k)
 		}
+	}
+}
+
+// Promise: a key in progress elsewhere is snoozed (no attempt counted), and
+// once the first job completes the record, the second is acknowledged without
+// running (OnHit). Two jobs of one idempotency key under different lock keys,
+// so only the record keeps them apart. Catches: a second run of a running
+// operation, a retry counted, a hit not recognised after completion.
+func TestAttack21GuardInProgressSnoozedThenHit(t *testing.T) {
+	rdb := redistest.Shared(t)
+	name := redistest.Name(t)
+	t.Cleanup(func() { redistest.DeleteKeys(rdb, "{"+name+"}:*"); rdb.Del(context.Background(), name) })
+	var runs, hits atomic.Int64
+	gate := make(chan struct{})
+	h := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		if runs.Add(1) == 1 {
+			<-gate
+		}
+		return nil
+	})
+	c := a21Consumer(rdb, name, "c1", h,
+		middleware.Lock(rdb, middleware.LockConfig{TTL: 2 * time.Second}),
+		middleware.Idempotency(idem.NewRedisStore(rdb, idem.RedisConfig{}), middleware.IdempotencyConfig{
+			Lease: 2 * time.Second, InProgressDelay: 20 * time.Millisecond,
+			OnHit: func(context.Context, *stream.Job, []byte) { hits.Add(1) }}))
+	stop := a21Run(t, c)
+	a21Enqueue(t, rdb, name, a21Job(t, "acct-a", "op"))
+	poll.Until(t, 30*time.Second, func() (bool, string) { return runs.Load() == 1, "first job not running" })
+	a21Enqueue(t, rdb, name, a21Job(t, "acct-b", "op"))
+	poll.Until(t, 30*time.Second, func() (bool, string) {
+		return c.Stats().Snoozed >= 3, fmt.Sprintf("%+v", c.Stats())
+	})
+	if runs.Load() != 1 {
+		t.Errorf("the operation ran %d times while in progress", runs.Load())
+	}
+	close(gate)
+	poll.Until(t, 30*time.Second, func() (bool, string) {
+		return c.Stats().Acked == 2, fmt.Sprintf("%+v hits %d", c.Stats(), hits.Load())
+	})
+	stop()
+	if runs.Load() != 1 || hits.Load() != 1 {
+		t.Errorf("runs %d hits %d: want 1 and 1", runs.Load(), hits.Load())
+	}
+	if st := c.Stats(); st.Retried != 0 || st.DeadLettered != 0 {
+		t.Errorf("stats %+v: an in-progress key counted as a failure", st)
 	}
 }
