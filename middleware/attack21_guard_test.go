@@ -555,3 +555,64 @@ func TestAttack21GuardInProgressSnoozedThenHit(t *testing.T) {
 		t.Errorf("stats %+v: an in-progress key counted as a failure", st)
 	}
 }
+
+// Promise: when Redis loses a held lock (a restart without persistence),
+// renewal finds it gone and the handler's context is cancelled (lock lost);
+// the next holder's fence is above the lost one's (Redis TIME, clock not
+// behind). Catches: a watchdog that re-creates a lost lock by renewing it,
+// a loss not noticed after a restart, a fence that restarts low.
+func TestAttack21GuardRedisRestartLosesLock(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	rdb := srv.Client(t)
+	name := "a21restart"
+	keys, _ := stream.KeysFor(name)
+	started := make(chan int64, 4)
+	cause := make(chan error, 4)
+	h := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+		l, _ := lockx.FromContext(ctx)
+		started <- l.Fence()
+		if job.IdempotencyKey != "op-1" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			cause <- context.Cause(ctx)
+			return context.Cause(ctx)
+		case <-time.After(60 * time.Second):
+			cause <- nil
+			return nil
+		}
+	})
+	c := a21Consumer(rdb, name, "c1", h, middleware.Lock(rdb, middleware.LockConfig{TTL: 600 * time.Millisecond, ConflictDelay: 20 * time.Millisecond}))
+	a21Run(t, c)
+	a21Enqueue(t, rdb, name, a21Job(t, "acct", "op-1"))
+	var f1 int64
+	select {
+	case f1 = <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("job did not start")
+	}
+	srv.Kill9()
+	srv.Restart()
+	select {
+	case err := <-cause:
+		if !errors.Is(err, lockx.ErrLockLost) {
+			t.Errorf("handler context ended with cause %v, want lockx.ErrLockLost", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the loss of the lock in a Redis restart was not noticed")
+	}
+	if v, err := rdb.Get(context.Background(), keys.Lock+"{acct}").Result(); err == nil && strings.Contains(v, " ") {
+		t.Logf("lock key after the loss: %q", v)
+	}
+	// The restarted Redis lost the stream too: a new job of the key.
+	a21Enqueue(t, rdb, name, a21Job(t, "acct", "op-2"))
+	select {
+	case f2 := <-started:
+		if f2 <= f1 {
+			t.Errorf("fence after the restart %d not above the lost lock's %d", f2, f1)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("job after the restart did not run")
+	}
+}
