@@ -223,15 +223,23 @@ func TestAttack21GuardFencesIncrease(t *testing.T) {
 	seq := make(map[string][]int64)
 	held := make(map[string]int)
 	var overlaps atomic.Int64
+	// Contenders record their fence while holding the lock; with a TTL of a
+	// few milliseconds a descheduled holder's lock can expire before it
+	// records, so the short-TTL rounds run one goroutine per key (the
+	// acquisition order is then program order), 40 acquisitions each.
 	round := func(phase string, ttl time.Duration, after func(l *lockx.Lock)) {
 		var wg sync.WaitGroup
+		gs, per := 4, 10
+		if ttl < time.Second {
+			gs, per = 1, 40
+		}
 		for k := 0; k < nkeys; k++ {
 			key := fmt.Sprintf("k%d", k)
-			for g := 0; g < 4; g++ {
+			for g := 0; g < gs; g++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					for n := 0; n < 10; n++ {
+					for n := 0; n < per; n++ {
 						l, err := lc.Acquire(ctx, key, ttl, lockx.AcquireOptions{Backoff: func(int) time.Duration { return time.Millisecond }, Wait: 30 * time.Second})
 						if err != nil {
 							t.Errorf("%s: acquire %s: %v", phase, key, err)
