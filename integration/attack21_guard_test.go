@@ -35,23 +35,23 @@ import (
 )
 
 func init() {
-	subprocessModes["a21guard"] = a21GuardMain
-	subprocessModes["a21acquire"] = a21AcquireMain
+	subprocessModes["a21guard"] = a21gGuardMain
+	subprocessModes["a21acquire"] = a21gAcquireMain
 }
 
-// a21Behaviour is a job's payload.
-type a21Behaviour struct {
+// a21gBehaviour is a job's payload.
+type a21gBehaviour struct {
 	WorkMS int    `json:"work_ms,omitempty"`
 	Hold   bool   `json:"hold,omitempty"`  // work until the context ends
 	Crash  string `json:"crash,omitempty"` // before | after (the effect) | post (Lock returned nil)
 }
 
-var a21Active = redis.NewScript(`
+var a21gActive = redis.NewScript(`
 redis.call('SADD', KEYS[1], ARGV[1])
 local m = redis.call('SMEMBERS', KEYS[1])
 return table.concat(m, ',')`)
 
-func a21GuardMain() int {
+func a21gGuardMain() int {
 	env := os.Getenv
 	me, pid := env("PW_CONSUMER"), os.Getpid()
 	ledger, err := os.OpenFile(env("PW_LEDGER"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
@@ -80,7 +80,7 @@ func a21GuardMain() int {
 		}
 	}
 	h := consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
-		var b a21Behaviour
+		var b a21gBehaviour
 		if err := job.Decode(&b); err != nil {
 			return err
 		}
@@ -91,7 +91,7 @@ func a21GuardMain() int {
 		}
 		f := l.Fence()
 		bg := context.Background()
-		members, err := a21Active.Run(bg, rdb, []string{ns + "active:" + job.LockKey}, f).Text()
+		members, err := a21gActive.Run(bg, rdb, []string{ns + "active:" + job.LockKey}, f).Text()
 		if err != nil {
 			return err
 		}
@@ -134,7 +134,7 @@ func a21GuardMain() int {
 			err := next.Process(ctx, job)
 			if err == nil {
 				rec("ok", job, 0, "")
-				var b a21Behaviour
+				var b a21gBehaviour
 				if job.Decode(&b) == nil && b.Crash == "post" {
 					crashOnce(job, "post")
 				}
@@ -166,9 +166,9 @@ func a21GuardMain() int {
 	return 0
 }
 
-// a21AcquireMain takes the lock of A21_KEY (prefix A21_PREFIX) with TryAcquire,
+// a21gAcquireMain takes the lock of A21_KEY (prefix A21_PREFIX) with TryAcquire,
 // prints its fence, releases it unless A21_KEEP, and exits.
-func a21AcquireMain() int {
+func a21gAcquireMain() int {
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("PW_ADDR")})
 	defer rdb.Close()
 	l, err := lockx.New(rdb, lockx.Config{Prefix: os.Getenv("A21_PREFIX")}).TryAcquire(context.Background(), os.Getenv("A21_KEY"), 10*time.Second)
@@ -185,7 +185,7 @@ func a21AcquireMain() int {
 	return 0
 }
 
-type a21Entry struct {
+type a21gEntry struct {
 	Ev, JobID, Consumer string
 	PID                 int
 	LockKey, IdemKey    string
@@ -194,7 +194,7 @@ type a21Entry struct {
 	Line                int
 }
 
-func a21Ledger(t *testing.T, path string) []a21Entry {
+func a21gLedger(t *testing.T, path string) []a21gEntry {
 	t.Helper()
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
@@ -204,14 +204,14 @@ func a21Ledger(t *testing.T, path string) []a21Entry {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var out []a21Entry
+	var out []a21gEntry
 	sc := bufio.NewScanner(f)
 	for i := 0; sc.Scan(); i++ {
 		p := strings.Fields(sc.Text())
 		if len(p) != 8 {
 			continue // cut short by SIGKILL
 		}
-		e := a21Entry{Ev: p[0], JobID: p[1], Consumer: p[2], LockKey: p[4], IdemKey: p[5], Extra: p[7], Line: i}
+		e := a21gEntry{Ev: p[0], JobID: p[1], Consumer: p[2], LockKey: p[4], IdemKey: p[5], Extra: p[7], Line: i}
 		e.PID, _ = strconv.Atoi(p[3])
 		e.Fence, _ = strconv.ParseInt(p[6], 10, 64)
 		out = append(out, e)
@@ -219,7 +219,7 @@ func a21Ledger(t *testing.T, path string) []a21Entry {
 	return out
 }
 
-type a21Env struct {
+type a21gEnv struct {
 	t      *testing.T
 	srv    *redistest.Server
 	rdb    *redis.Client
@@ -228,14 +228,14 @@ type a21Env struct {
 	ledger string
 }
 
-func newA21(t *testing.T) *a21Env {
+func newA21g(t *testing.T) *a21gEnv {
 	srv := redistest.Start(t, redistest.Options{})
 	name := "a21q"
 	keys, _ := stream.KeysFor(name)
-	return &a21Env{t: t, srv: srv, rdb: srv.Client(t), name: name, keys: keys, ledger: filepath.Join(t.TempDir(), "ledger")}
+	return &a21gEnv{t: t, srv: srv, rdb: srv.Client(t), name: name, keys: keys, ledger: filepath.Join(t.TempDir(), "ledger")}
 }
 
-func (e *a21Env) worker(name string, conc int, ttl, vis time.Duration, withIdem bool) *worker {
+func (e *a21gEnv) worker(name string, conc int, ttl, vis time.Duration, withIdem bool) *worker {
 	idemFlag := "0"
 	if withIdem {
 		idemFlag = "1"
@@ -244,7 +244,7 @@ func (e *a21Env) worker(name string, conc int, ttl, vis time.Duration, withIdem 
 		"PW_LEDGER="+e.ledger, "A21_TTL="+ttl.String(), "A21_VIS="+vis.String(), "A21_CONC="+strconv.Itoa(conc), "A21_IDEM="+idemFlag)
 }
 
-func (e *a21Env) enqueue(lockKey, idemKey string, b a21Behaviour) string {
+func (e *a21gEnv) enqueue(lockKey, idemKey string, b a21gBehaviour) string {
 	e.t.Helper()
 	j, err := stream.NewJSONJob("a21", b)
 	if err != nil {
@@ -257,7 +257,7 @@ func (e *a21Env) enqueue(lockKey, idemKey string, b a21Behaviour) string {
 	return j.ID
 }
 
-func (e *a21Env) settled() (bool, string) {
+func (e *a21gEnv) settled() (bool, string) {
 	ctx := context.Background()
 	pe, err := e.rdb.XPending(ctx, e.name, "g").Result()
 	if err != nil {
@@ -277,9 +277,9 @@ func (e *a21Env) settled() (bool, string) {
 // its key running must have overlapped a holder that had lost its lock (its
 // end reports held=false, or it was cancelled/killed); fences per key are
 // distinct. Returns the number of overlaps seen.
-func a21CheckExclusion(t *testing.T, entries []a21Entry) int {
+func a21gCheckExclusion(t *testing.T, entries []a21gEntry) int {
 	t.Helper()
-	ends := map[string]a21Entry{} // key+fence → end
+	ends := map[string]a21gEntry{} // key+fence → end
 	for _, e := range entries {
 		if e.Ev == "end" {
 			ends[e.LockKey+" "+strconv.FormatInt(e.Fence, 10)] = e
@@ -379,7 +379,7 @@ func TestAttack21GuardExclusionAcrossProcesses(t *testing.T) {
 	}{{false, false}, {true, false}, {false, true}, {true, true}} {
 		withIdem := v.idem
 		t.Run(fmt.Sprintf("idem=%v,stops=%v", v.idem, v.stops), func(t *testing.T) {
-			e := newA21(t)
+			e := newA21g(t)
 			var ws []*worker
 			for i := 0; i < 3; i++ {
 				ws = append(ws, e.worker(fmt.Sprintf("w%d", i), 6, 300*time.Millisecond, 20*time.Second, withIdem))
@@ -390,7 +390,7 @@ func TestAttack21GuardExclusionAcrossProcesses(t *testing.T) {
 				work = 150
 			}
 			for i := 0; i < jobs; i++ {
-				e.enqueue(fmt.Sprintf("acct-%d", i%8), fmt.Sprintf("op-%d", i), a21Behaviour{WorkMS: 5 + rand.Intn(work)})
+				e.enqueue(fmt.Sprintf("acct-%d", i%8), fmt.Sprintf("op-%d", i), a21gBehaviour{WorkMS: 5 + rand.Intn(work)})
 			}
 			stops := 0
 			var stopped *worker
@@ -410,7 +410,7 @@ func TestAttack21GuardExclusionAcrossProcesses(t *testing.T) {
 				ok, s := e.settled()
 				return ok && stopped == nil, s
 			})
-			entries := a21Ledger(t, e.ledger)
+			entries := a21gLedger(t, e.ledger)
 			n := map[string]int{}
 			for _, en := range entries {
 				n[en.Ev]++
@@ -421,7 +421,7 @@ func TestAttack21GuardExclusionAcrossProcesses(t *testing.T) {
 			if n["end"] < jobs {
 				t.Errorf("%d jobs ended, want %d (%v)", n["end"], jobs, n)
 			}
-			ov := a21CheckExclusion(t, entries)
+			ov := a21gCheckExclusion(t, entries)
 			if !v.stops {
 				for _, en := range entries {
 					if en.Ev == "end" && strings.HasPrefix(en.Extra, "held=false") {
@@ -459,13 +459,13 @@ func TestAttack21GuardExclusionAcrossProcesses(t *testing.T) {
 func TestAttack21GuardStoppedHolderLosesLock(t *testing.T) {
 	for _, withIdem := range []bool{false, true} {
 		t.Run(fmt.Sprintf("idem=%v", withIdem), func(t *testing.T) {
-			e := newA21(t)
+			e := newA21g(t)
 			ttl := 400 * time.Millisecond
 			w1 := e.worker("w1", 2, ttl, 60*time.Second, withIdem)
-			j1 := e.enqueue("acct", "op-1", a21Behaviour{Hold: true})
-			var start1 a21Entry
+			j1 := e.enqueue("acct", "op-1", a21gBehaviour{Hold: true})
+			var start1 a21gEntry
 			eventually(t, 60*time.Second, func() (bool, string) {
-				for _, en := range a21Ledger(t, e.ledger) {
+				for _, en := range a21gLedger(t, e.ledger) {
 					if en.Ev == "start" && en.JobID == j1 {
 						start1 = en
 						return true, ""
@@ -480,10 +480,10 @@ func TestAttack21GuardStoppedHolderLosesLock(t *testing.T) {
 				return err == redis.Nil || !strings.Contains(v, " "), fmt.Sprintf("lock %s = %q", rk, v)
 			})
 			e.worker("w2", 2, ttl, 60*time.Second, withIdem)
-			j2 := e.enqueue("acct", "op-2", a21Behaviour{WorkMS: 3000})
-			var start2 a21Entry
+			j2 := e.enqueue("acct", "op-2", a21gBehaviour{WorkMS: 3000})
+			var start2 a21gEntry
 			eventually(t, 60*time.Second, func() (bool, string) {
-				for _, en := range a21Ledger(t, e.ledger) {
+				for _, en := range a21gLedger(t, e.ledger) {
 					if en.Ev == "start" && en.JobID == j2 {
 						start2 = en
 						return true, ""
@@ -496,7 +496,7 @@ func TestAttack21GuardStoppedHolderLosesLock(t *testing.T) {
 			}
 			w1.cont()
 			eventually(t, 60*time.Second, func() (bool, string) {
-				for _, en := range a21Ledger(t, e.ledger) {
+				for _, en := range a21gLedger(t, e.ledger) {
 					if en.Ev == "cancelled" && en.JobID == j1 && en.Fence == start1.Fence {
 						if !strings.Contains(en.Extra, "=true") || (!withIdem && !strings.HasPrefix(en.Extra, "lost=true")) {
 							t.Errorf("stalled holder's handler cancelled with %s, want a cause matching ErrLockLost", en.Extra)
@@ -508,7 +508,7 @@ func TestAttack21GuardStoppedHolderLosesLock(t *testing.T) {
 			})
 			// The new holder keeps its lock: the woken holder must not have renewed or released it.
 			eventually(t, 60*time.Second, func() (bool, string) {
-				for _, en := range a21Ledger(t, e.ledger) {
+				for _, en := range a21gLedger(t, e.ledger) {
 					if en.Ev == "end" && en.JobID == j2 {
 						if en.Extra != "held=true" {
 							t.Errorf("new holder lost its lock after the stalled holder woke: %s", en.Extra)
@@ -535,7 +535,7 @@ func TestAttack21GuardStoppedHolderLosesLock(t *testing.T) {
 // effect run after its record completed, a job lost, a dead letter, a
 // processing record or lock left behind.
 func TestAttack21GuardIdempotencyUnderKills(t *testing.T) {
-	e := newA21(t)
+	e := newA21g(t)
 	ttl, vis := 600*time.Millisecond, 1500*time.Millisecond
 	workers := map[string]*worker{}
 	gen := 0
@@ -549,10 +549,10 @@ func TestAttack21GuardIdempotencyUnderKills(t *testing.T) {
 	crashes := []string{"", "before", "after", "post"}
 	const keys = 80
 	for i := 0; i < keys; i++ {
-		b := a21Behaviour{WorkMS: 10 + rand.Intn(60), Crash: crashes[i%4]}
+		b := a21gBehaviour{WorkMS: 10 + rand.Intn(60), Crash: crashes[i%4]}
 		// Each key enqueued twice (a duplicate enqueue, another job ID).
 		e.enqueue(fmt.Sprintf("acct-%d", i%10), fmt.Sprintf("op-%d", i), b)
-		e.enqueue(fmt.Sprintf("acct-%d", i%10), fmt.Sprintf("op-%d", i), a21Behaviour{WorkMS: 10})
+		e.enqueue(fmt.Sprintf("acct-%d", i%10), fmt.Sprintf("op-%d", i), a21gBehaviour{WorkMS: 10})
 	}
 	killedPIDs := map[int]bool{}
 	chaos := 0
@@ -576,15 +576,15 @@ func TestAttack21GuardIdempotencyUnderKills(t *testing.T) {
 		ok, s := e.settled()
 		return ok && chaos >= 6, fmt.Sprintf("%s chaos %d", s, chaos)
 	})
-	entries := a21Ledger(t, e.ledger)
-	a21CheckIdem(t, e, entries, killedPIDs, keys)
+	entries := a21gLedger(t, e.ledger)
+	a21gCheckIdem(t, e, entries, killedPIDs, keys)
 	// Everything again: every record is complete, nothing may run.
 	before := len(entries)
 	for i := 0; i < keys; i++ {
-		e.enqueue(fmt.Sprintf("acct-%d", i%10), fmt.Sprintf("op-%d", i), a21Behaviour{WorkMS: 10})
+		e.enqueue(fmt.Sprintf("acct-%d", i%10), fmt.Sprintf("op-%d", i), a21gBehaviour{WorkMS: 10})
 	}
 	eventually(t, 120*time.Second, func() (bool, string) { return e.settled() })
-	for _, en := range a21Ledger(t, e.ledger)[before:] {
+	for _, en := range a21gLedger(t, e.ledger)[before:] {
 		if en.Ev == "start" || en.Ev == "effect" {
 			t.Errorf("completed key %s ran again: %s by %s", en.IdemKey, en.Ev, en.Consumer)
 		}
@@ -595,13 +595,13 @@ func TestAttack21GuardIdempotencyUnderKills(t *testing.T) {
 		msgs, _ := e.rdb.XRange(ctx, e.keys.Dead, "-", "+").Result()
 		t.Errorf("%d dead letters: %v", n, msgs)
 	}
-	a21CheckLeftovers(t, e, ttl, keys)
+	a21gCheckLeftovers(t, e, ttl, keys)
 }
 
-func a21CheckIdem(t *testing.T, e *a21Env, entries []a21Entry, killed map[int]bool, keys int) {
+func a21gCheckIdem(t *testing.T, e *a21gEnv, entries []a21gEntry, killed map[int]bool, keys int) {
 	t.Helper()
 	okAt := map[string]int{} // idem key → ledger line of the first "ok"
-	effects := map[string][]a21Entry{}
+	effects := map[string][]a21gEntry{}
 	for _, en := range entries {
 		switch en.Ev {
 		case "ok":
@@ -640,7 +640,7 @@ func a21CheckIdem(t *testing.T, e *a21Env, entries []a21Entry, killed map[int]bo
 	t.Logf("%d keys, %d repeated effects, %d killed processes", keys, dups, len(killed))
 }
 
-func a21CheckLeftovers(t *testing.T, e *a21Env, ttl time.Duration, keys int) {
+func a21gCheckLeftovers(t *testing.T, e *a21gEnv, ttl time.Duration, keys int) {
 	t.Helper()
 	ctx := context.Background()
 	all, _ := e.rdb.Keys(ctx, "{"+e.name+"}:*").Result()
@@ -684,13 +684,13 @@ func a21CheckLeftovers(t *testing.T, e *a21Env, ttl time.Duration, keys int) {
 // Catches: a tombstone or unreleased lock that blocks the next job for the
 // TTL (10 s here, conflicts recorded), fences that go back.
 func TestAttack21GuardNextJobTakesReleasedLock(t *testing.T) {
-	e := newA21(t)
+	e := newA21g(t)
 	ttl := 10 * time.Second
 	w1 := e.worker("w1", 2, ttl, 30*time.Second, true)
-	wait := func(id string) a21Entry {
-		var got a21Entry
+	wait := func(id string) a21gEntry {
+		var got a21gEntry
 		eventually(t, 120*time.Second, func() (bool, string) {
-			for _, en := range a21Ledger(t, e.ledger) {
+			for _, en := range a21gLedger(t, e.ledger) {
 				if en.Ev == "ok" && en.JobID == id {
 					got = en
 					return true, ""
@@ -701,18 +701,18 @@ func TestAttack21GuardNextJobTakesReleasedLock(t *testing.T) {
 		})
 		return got
 	}
-	wait(e.enqueue("acct", "op-1", a21Behaviour{WorkMS: 10}))
-	wait(e.enqueue("acct", "op-2", a21Behaviour{WorkMS: 10})) // same process
+	wait(e.enqueue("acct", "op-1", a21gBehaviour{WorkMS: 10}))
+	wait(e.enqueue("acct", "op-2", a21gBehaviour{WorkMS: 10})) // same process
 	w2 := e.worker("w2", 2, ttl, 30*time.Second, true)
 	w1.term() // only w2 reads now
 	_ = w1.wait(60 * time.Second)
-	got := wait(e.enqueue("acct", "op-3", a21Behaviour{WorkMS: 10}))
+	got := wait(e.enqueue("acct", "op-3", a21gBehaviour{WorkMS: 10}))
 	if got.Consumer != "w2" {
 		t.Errorf("op-3 ran on %s", got.Consumer)
 	}
-	wait(e.enqueue("acct", "op-4", a21Behaviour{WorkMS: 10}))
+	wait(e.enqueue("acct", "op-4", a21gBehaviour{WorkMS: 10}))
 	_ = w2
-	for _, en := range a21Ledger(t, e.ledger) {
+	for _, en := range a21gLedger(t, e.ledger) {
 		if en.Ev == "conflict" {
 			t.Errorf("conflict on a released lock: %+v", en)
 		}
