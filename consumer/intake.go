@@ -85,8 +85,9 @@ func (c *Consumer) readLoop(ctx context.Context, reader xreader) {
 }
 
 // fastRoom is how many fresh entries, running or queued, a consumer with
-// the default Prefetch may hold while its jobs are short: reads of about 50
-// entries (half the room, see takeRoom), where a read and an ack script
+// the default Prefetch may hold while its jobs are short: reads of 50 (half
+// the room, see takeRoom) to 90 entries (the room less the running jobs,
+// when the workers empty the queue first), where a read and an ack script
 // cost little per job (REDIS-NOTES §10).
 const fastRoom = 100
 
@@ -190,13 +191,13 @@ func (c *Consumer) tryTakeRoom(max int) int {
 // waiting for it, and as many more as are free within roomLimit. While fresh jobs are still
 // queued for the workers (so no worker waits for the read), it waits until
 // half of the room is free, so that reads come in batches instead of one per
-// finished job. It returns 0 and true when the next sweep is due first, and
-// 0 and false when ctx is done.
+// finished job. The room is fitted to roomLimit again each time the loop
+// wakes: jobs finished while it waited count toward it, so that the room
+// reached while jobs are short is not held back by a limit measured just
+// after the previous read. It returns 0 and true when the next sweep is due
+// first, and 0 and false when ctx is done.
 func (c *Consumer) takeRoom(ctx context.Context, until time.Time) (int, bool) {
-	c.fitRoom()
-	size := c.roomSize() - c.parked
-	half := (size + 1) / 2
-	n := c.tryTakeRoom(size)
+	n := 0
 	var timer *time.Timer
 	defer func() {
 		c.room.want.Store(0)
@@ -204,19 +205,24 @@ func (c *Consumer) takeRoom(ctx context.Context, until time.Time) (int, bool) {
 			timer.Stop()
 		}
 	}()
-	for n == 0 || (n < half && len(c.ready) > 0) {
+	for {
+		c.fitRoom()
+		size := c.roomSize() - c.parked
+		half := (size + 1) / 2
+		if n += c.tryTakeRoom(size - n); n > 0 && (n >= half || len(c.ready) == 0) {
+			return n, true
+		}
 		// Published before looking again, so that a worker freeing a
 		// place after that look sees it and wakes this loop.
 		c.room.want.Store(int64(max(half-n, 1)))
 		if n += c.tryTakeRoom(size - n); n > 0 && (n >= half || len(c.ready) == 0) {
-			break
+			return n, true
 		}
 		if timer == nil {
 			timer = time.NewTimer(time.Until(until))
 		}
 		select {
-		case <-c.room.kick:
-			n += c.tryTakeRoom(size - n)
+		case <-c.room.kick: // fitted and taken again above
 		case <-ctx.Done():
 			c.room.want.Store(0)
 			c.freeRoom(n)
@@ -228,7 +234,6 @@ func (c *Consumer) takeRoom(ctx context.Context, until time.Time) (int, bool) {
 			return n, true // read what there is room for; the sweep follows
 		}
 	}
-	return n, true
 }
 
 // tryTake takes up to max tokens from ch without waiting.

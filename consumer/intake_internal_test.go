@@ -100,3 +100,44 @@ func TestConsumer_takeRoomWakesWhenQueueEmpties(t *testing.T) {
 		t.Fatal("the read loop still waits for room with no job queued and two places free")
 	}
 }
+
+// The room is fitted to roomLimit each time the read loop wakes, not only
+// before it waits: jobs that finished while it waited count, so that short
+// jobs are read in large batches instead of being held to the limit
+// measured just after the previous read (when few jobs had finished).
+func TestConsumer_takeRoomRefitsAfterWaiting(t *testing.T) {
+	t.Parallel()
+	r, err := Config{Stream: "s", Group: "g", Consumer: "c"}.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Consumer{r: r, ready: make(chan *task, fastRoom)}
+	c.room.kick = make(chan struct{}, 1)
+	c.jobTime.Store(int64(time.Microsecond)) // short jobs: the limit is set by the jobs finished
+	// The previous read took 20 entries: 10 run, 10 are queued, and no job
+	// has finished since, so the limit is Concurrency + Prefetch (20).
+	c.room.free.Store(fastRoom - 20)
+	for range 10 {
+		c.ready <- &task{}
+	}
+	got := make(chan int, 1)
+	go func() {
+		n, _ := c.takeRoom(context.Background(), time.Now().Add(time.Hour))
+		got <- n
+	}()
+	poll.Until(t, 30*time.Second, poll.True("the read loop waits for half of a room of 20", func() bool {
+		return c.room.want.Load() == 10
+	}))
+	// 15 jobs finish: the limit is 20 + 2×15 = 50, and 45 places are free
+	// within it (15 freed, 30 no longer held back).
+	c.finished.Add(15)
+	c.freeRoom(15)
+	select {
+	case n := <-got:
+		if n != 45 {
+			t.Errorf("takeRoom = %d places, want 45 (the room fitted to the jobs finished while it waited)", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the read loop still waits for room with 15 places free")
+	}
+}
