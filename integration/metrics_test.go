@@ -43,6 +43,15 @@ func TestMetrics_ReclaimedAndLost(t *testing.T) {
 		Streams: []string{s.stream, ">"}, Count: 3}).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// The three entries look abandoned long ago (idle an hour), so the
+	// live consumer reclaims them at its first sweep while its visibility
+	// timeout stays far longer than any run of its own: the counts do not
+	// depend on how fast this machine is (with a short visibility timeout a
+	// stalled run of the live consumer was reclaimed from itself as well).
+	if err := s.rdb.Do(ctx, "XCLAIM", s.stream, "g", "gone", 0, ids[0], ids[1], ids[2],
+		"IDLE", time.Hour.Milliseconds(), "JUSTID").Err(); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.rdb.XDel(ctx, s.stream, ids[0]).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +59,7 @@ func TestMetrics_ReclaimedAndLost(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := metrics.New(reg, metrics.Config{})
 	c := consumer.New(s.rdb, consumer.Config{Stream: s.stream, Group: "g", Consumer: "live",
-		Block: 50 * time.Millisecond, VisibilityTimeout: 300 * time.Millisecond, SweepInterval: 100 * time.Millisecond,
+		Block: 50 * time.Millisecond, VisibilityTimeout: time.Minute, SweepInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).
 		Use(m.Middleware()).
 		Handle(consumer.HandlerFunc(func(context.Context, *stream.Job) error { return nil }))
@@ -70,7 +79,8 @@ func TestMetrics_ReclaimedAndLost(t *testing.T) {
 	}()
 	eventually(t, 10*time.Second, func() (bool, string) {
 		st := c.Stats()
-		return st.Acked == 4 && st.Lost == 1 && st.Reclaimed == 2 && s.pending("g") == 0, fmt.Sprintf("stats %+v", st)
+		n := s.rdb.XLen(ctx, s.stream).Val() // acked entries are deleted after the ack
+		return st.Acked == 4 && st.Lost == 1 && st.Reclaimed == 2 && s.pending("g") == 0 && n == 0, fmt.Sprintf("stats %+v, stream length %d", st, n)
 	})
 
 	labels := fmt.Sprintf(`group="g",stream=%q`, s.stream)

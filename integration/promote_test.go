@@ -376,9 +376,17 @@ func TestSchedule_enqueueIn(t *testing.T) {
 	if due < lo || due > hi {
 		t.Errorf("due time %d, want Redis time of the call + %v, in [%d, %d]", due, delay, lo, hi)
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
-		if _, err := stream.PromoteDue(ctx, s.rdb, s.stream, 10); err != nil {
+	// Every PromoteDue call that begins at or after the due time (Redis
+	// clock) must promote the job: that, not how soon this machine gets
+	// round to calling, is what bounds its lateness.
+	eventually(t, 30*time.Second, func() (bool, string) {
+		began := redisNow(t, s.rdb)
+		n, err := stream.PromoteDue(ctx, s.rdb, s.stream, 10)
+		if err != nil {
 			return false, err.Error()
+		}
+		if n == 0 && began.UnixMilli() >= due {
+			t.Fatalf("PromoteDue called at %d (Redis clock), at or after the due time %d, promoted nothing", began.UnixMilli(), due)
 		}
 		return s.rdb.XLen(ctx, s.stream).Val() > 0, "job not in the stream"
 	})
@@ -393,9 +401,6 @@ func TestSchedule_enqueueIn(t *testing.T) {
 	// The entry ID is the Redis time of the XADD, in ms.
 	if waited := at.UnixMilli() - before.UnixMilli(); waited < delay.Milliseconds() {
 		t.Errorf("job added to the stream %d ms after EnqueueIn began (Redis clock), want at least %v", waited, delay)
-	}
-	if late := at.Sub(time.UnixMilli(due)); late > 200*time.Millisecond {
-		t.Errorf("job added %v after its due time; the test promotes every 20 ms", late)
 	}
 	t.Logf("EnqueueIn(%v): due %v after the call began, added at +%v (Redis clock)",
 		delay, time.UnixMilli(due).Sub(before), at.Sub(before))
