@@ -275,7 +275,7 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	}
 	// The script compares no IDs: it gets them sorted, each once, with the
 	// lowest and the highest.
-	slices.SortFunc(ids, stream.CompareIDs)
+	stream.SortIDs(ids)
 	ids = slices.Compact(ids)
 	lo, hi := "", ""
 	if len(ids) > 0 {
