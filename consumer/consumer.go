@@ -319,7 +319,7 @@ const abandonGrace = 500 * time.Millisecond
 func (c *Consumer) drain(ctx context.Context) []string {
 	for _, t := range c.snapshot() {
 		select {
-		case <-t.done:
+		case <-t.doneChan():
 		case <-ctx.Done():
 		}
 	}
@@ -334,14 +334,14 @@ func (c *Consumer) drain(ctx context.Context) []string {
 	defer cancel()
 	for _, t := range rest {
 		select {
-		case <-t.done:
+		case <-t.doneChan():
 		case <-grace.Done():
 		}
 	}
 	var abandoned []string
 	for _, t := range rest {
 		select {
-		case <-t.done:
+		case <-t.doneChan():
 		default:
 			c.mu.Lock()
 			job, settling := t.job, t.finished

@@ -28,7 +28,7 @@ func leaseSetup(t *testing.T) *Consumer {
 // its context.
 func addTask(c *Consumer, id string, renewed time.Time) (*task, context.Context) {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	t := &task{id: id, cancel: cancel, lease: lease{renewed: renewed}, done: make(chan struct{})}
+	t := &task{id: id, cancel: cancel, lease: lease{renewed: renewed}}
 	c.mu.Lock()
 	c.inflight[id] = t
 	c.trackLease(t)

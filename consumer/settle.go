@@ -275,7 +275,7 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	}
 	// The script compares no IDs: it gets them sorted, each once, with the
 	// lowest and the highest.
-	slices.SortFunc(ids, stream.CompareIDs)
+	stream.SortIDs(ids)
 	ids = slices.Compact(ids)
 	lo, hi := "", ""
 	if len(ids) > 0 {
@@ -299,12 +299,15 @@ func (c *Consumer) flushAcks(items []ackItem, settled []string, trim bool) []str
 	args := make([]any, 0, 8+len(tracked)+len(ids)+len(forget))
 	args = append(args, c.r.Group, c.r.Consumer, del, len(ids), len(keys)-1, c.r.TrackTTL.Milliseconds(), lo, hi)
 	args = append(args, tracked...)
-	for _, id := range ids {
-		args = append(args, id)
+	// Pointers into ids and forget, which go-redis writes as the strings
+	// they point to: boxing each string in an interface would cost an
+	// allocation per job.
+	for i := range ids {
+		args = append(args, &ids[i])
 	}
 	if send {
-		for _, id := range forget {
-			args = append(args, id)
+		for i := range forget {
+			args = append(args, &forget[i])
 		}
 	}
 	ctx, cancel := c.settleContext()

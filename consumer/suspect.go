@@ -304,5 +304,5 @@ func (c *Consumer) endTask(t *task) {
 	delete(c.inflight, t.id)
 	c.mu.Unlock()
 	t.cancel(nil)
-	close(t.done)
+	t.end()
 }

@@ -37,7 +37,10 @@ type task struct {
 	// Consumer.mu. ran is how long it ran, set with finished.
 	start time.Time
 	ran   time.Duration
-	done  chan struct{}
+	// done holds the channel closed once t's worker is done with it (see
+	// doneChan), made only when someone waits for it (the drain): closed
+	// when the task ends first, so that a job costs no channel.
+	done atomic.Pointer[chan struct{}]
 	// policy is the consumer's, for Decide.
 	policy *policy
 	// suspect: the job was delivered before (see Config.MaxCrashes); it
@@ -82,7 +85,7 @@ func (c *Consumer) dispatch(d delivery, fresh bool, now time.Time) {
 		free(1)
 		return
 	}
-	t := &task{id: d.id, d: d, lease: lease{renewed: d.at}, done: make(chan struct{}), suspect: c.isSuspect(d, fresh), policy: &c.r.pol}
+	t := &task{id: d.id, d: d, lease: lease{renewed: d.at}, suspect: c.isSuspect(d, fresh), policy: &c.r.pol}
 	t.vctx = jobCtx{Context: c.base, t: t}
 	ctx, cancel := context.WithCancelCause(&t.vctx)
 	t.ctx, t.cancel = ctx, cancel
@@ -282,7 +285,7 @@ const (
 // error of a job that must be dead-lettered with reason crashed instead of
 // running (see suspect.go).
 func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string) runEnd {
-	defer close(t.done)
+	defer t.end()
 	defer t.cancel(nil)
 	job, reason, deadError := c.decode(d)
 	if crashed != "" && reason == "" {
@@ -421,6 +424,35 @@ func taskOf(ctx context.Context) *task {
 	}
 	t, _ := ctx.Value(jobKey{}).(*task)
 	return t
+}
+
+// closedChan is the done channel of a task that ended before anyone waited
+// for it.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// doneChan returns a channel that is closed once t's worker is done with it
+// (see end).
+func (t *task) doneChan() <-chan struct{} {
+	if p := t.done.Load(); p != nil {
+		return *p
+	}
+	ch := make(chan struct{})
+	if t.done.CompareAndSwap(nil, &ch) {
+		return ch
+	}
+	return *t.done.Load()
+}
+
+// end marks t's worker done with it: it closes the channel of doneChan.
+// Call it once per task.
+func (t *task) end() {
+	if !t.done.CompareAndSwap(nil, &closedChan) {
+		close(*t.done.Load())
+	}
 }
 
 // handlerTime returns how long t's handler ran, or has run so far; 0 if it

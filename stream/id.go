@@ -3,6 +3,7 @@ package stream
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -45,6 +46,33 @@ func CompareIDs(a, b string) int {
 	am, as := splitID(a)
 	bm, bs := splitID(b)
 	return ID{am, as}.Compare(ID{bm, bs})
+}
+
+// SortIDs sorts entry IDs in place in the order of [CompareIDs], equal IDs
+// (malformed ones, which read as 0-0) by their text, so that copies of an ID
+// end up next to each other. It parses each ID once, not at each comparison.
+func SortIDs(ids []string) {
+	if len(ids) < 2 {
+		return
+	}
+	type key struct {
+		id ID
+		s  string
+	}
+	keys := make([]key, len(ids))
+	for i, s := range ids {
+		ms, seq := splitID(s)
+		keys[i] = key{ID{ms, seq}, s}
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		if c := a.id.Compare(b.id); c != 0 {
+			return c
+		}
+		return strings.Compare(a.s, b.s)
+	})
+	for i, k := range keys {
+		ids[i] = k.s
+	}
 }
 
 // splitID parses "<ms>-<seq>"; malformed parts read as 0.

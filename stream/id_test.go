@@ -1,6 +1,7 @@
 package stream_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/pelicanqueue/pelican/stream"
@@ -37,4 +38,22 @@ func TestCompareIDs(t *testing.T) {
 	if id, _ := stream.ParseID("17-42"); id.String() != "17-42" {
 		t.Errorf("String() = %q", id.String())
 	}
+}
+
+func TestSortIDs(t *testing.T) {
+	t.Parallel()
+	ids := []string{"10-0", "9-10", "x-1", "1-18446744073709551615", "9-9", "2-0", "9-10", "0-0",
+		"1-9007199254740993", "1-9007199254740992", "x-1"}
+	want := []string{"0-0", "x-1", "x-1", "1-9007199254740992", "1-9007199254740993", "1-18446744073709551615",
+		"2-0", "9-9", "9-10", "9-10", "10-0"}
+	stream.SortIDs(ids)
+	if !slices.Equal(ids, want) {
+		t.Errorf("SortIDs = %q, want %q", ids, want)
+	}
+	for i := 1; i < len(ids); i++ {
+		if stream.CompareIDs(ids[i-1], ids[i]) > 0 {
+			t.Errorf("SortIDs put %q before %q", ids[i-1], ids[i])
+		}
+	}
+	stream.SortIDs(nil) // no panic
 }
