@@ -244,7 +244,9 @@ type attack23HoldCase struct {
 // released. While its workers are blocked, the consumer may hold (read,
 // handler not returned) at most:
 //   - Prefetch 6: Concurrency + Prefetch = 10 ("holds at most Concurrency +
-//     Prefetch fresh jobs"; only the default Prefetch is raised);
+//     Prefetch fresh jobs"; only the default Prefetch is raised), and no
+//     read asks for fewer than 5 ("reads only once half of that room is
+//     free");
 //   - Prefetch -1: Concurrency = 4 ("each read takes only the free slots").
 //
 // The blocking jobs are counted held from the read hook and, separately,
@@ -363,6 +365,15 @@ func attack23HoldBound(t *testing.T, tc attack23HoldCase) {
 	t.Logf("blocking jobs pending under the consumer while its workers were blocked: at most %d (bound %d: %s)", maxPending, tc.bound, tc.why)
 	if maxHeld := slices.Max(held); maxHeld > max(tc.bound, 100) || (tc.prefetch != 0 && maxHeld > tc.bound) {
 		t.Errorf("a read took the consumer to %d jobs held, over %d (%s)", maxHeld, tc.bound, tc.why)
+	}
+	// "While jobs are still queued it reads only once half of that room is
+	// free": with an explicit Prefetch no read asks for fewer than half.
+	if tc.prefetch > 0 {
+		for i, c := range counts {
+			if c < (conc+tc.prefetch)/2 {
+				t.Errorf("read %d asked COUNT %d, under half of the room of %d", i, c, conc+tc.prefetch)
+			}
+		}
 	}
 	if maxPending > tc.bound {
 		t.Errorf("the consumer held %d blocking jobs (%d running, %d queued that no other consumer can take), over %d (%s)",
