@@ -2,6 +2,9 @@ package guard
 
 import (
 	_ "embed"
+	"encoding/binary"
+	"encoding/hex"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -58,6 +61,18 @@ func ms(d time.Duration) any {
 		msArgs.Store(d, v)
 	}
 	return v
+}
+
+// Token returns a random lock holder token: 128 bits of math/rand/v2's
+// ChaCha8, which the runtime seeds from the system once, so a token costs
+// no system call (crypto/rand makes one). A token is an owner check, not a
+// secret (the lock holds it for anyone who may GET the key to read): it
+// needs to be unique among the holders of a key, across processes.
+func Token() string {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
+	return hex.EncodeToString(b[:])
 }
 
 // LockValue is what a held lock of fence and token holds.

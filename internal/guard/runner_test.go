@@ -302,3 +302,16 @@ func TestRunner_Post_keepsOrder(t *testing.T) {
 		t.Fatalf("acquire after the posted release: %v, %v; want a fence above %s", next, nextErr, f)
 	}
 }
+
+// Tokens are 32 hex characters and do not repeat.
+func TestToken(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 10000 {
+		k := Token()
+		if len(k) != 32 || strings.Trim(k, "0123456789abcdef") != "" || seen[k] {
+			t.Fatalf("token %q: want 32 hex characters, not seen before", k)
+		}
+		seen[k] = true
+	}
+}
