@@ -292,8 +292,8 @@ func plan(ops []*Op) [][]int {
 // shares reports whether op has a key of one of ops idx.
 func shares(op *Op, ops []*Op, idx []int) bool {
 	for _, j := range idx {
-		for _, k := range ops[j].keys {
-			for _, l := range op.keys {
+		for _, k := range ops[j].keys() {
+			for _, l := range op.keys() {
 				if k == l {
 					return true
 				}
@@ -307,12 +307,12 @@ func shares(op *Op, ops []*Op, idx []int) bool {
 func gather(ops []*Op, idx []int) ([]string, []any) {
 	nk, na := 0, 0
 	for _, i := range idx {
-		nk, na = nk+len(ops[i].keys), na+len(ops[i].args)
+		nk, na = nk+ops[i].nkeys, na+ops[i].nargs
 	}
 	keys, args := make([]string, 0, nk), make([]any, 0, na)
 	for _, i := range idx {
-		keys = append(keys, ops[i].keys...)
-		args = append(args, ops[i].args...)
+		keys = append(keys, ops[i].keys()...)
+		args = append(args, ops[i].args()...)
 	}
 	return keys, args
 }

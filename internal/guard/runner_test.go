@@ -181,7 +181,7 @@ func TestOps_releaseAndFinishWhenFull(t *testing.T) {
 		// Each alone in its call: its write is the call's first.
 		replies, errs := r.Send(ctx, []*Op{c.op})
 		want := any(int64(1))
-		if c.op.args[0] == "gf" {
+		if c.op.argv[0] == "gf" {
 			want = []any{int64(1), int64(1)}
 		}
 		if errs[0] != nil || fmt.Sprint(replies[0]) != fmt.Sprint(want) {
