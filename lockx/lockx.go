@@ -2,8 +2,6 @@ package lockx
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -175,8 +173,4 @@ func (c *Client) Acquire(ctx context.Context, key string, ttl time.Duration, opt
 }
 
 // newToken returns a random holder token.
-func newToken() string {
-	var b [16]byte
-	_, _ = crand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
-	return hex.EncodeToString(b[:])
-}
+func newToken() string { return guard.Token() }

@@ -2,8 +2,6 @@ package middleware
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -315,11 +313,7 @@ func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
 }
 
 // newLockToken returns a random lock holder token, as lockx's.
-func newLockToken() string {
-	var b [16]byte
-	_, _ = crand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+func newLockToken() string { return guard.Token() }
 
 // lockPrefix picks the queue's lock namespace from its keys.
 func lockPrefix(k stream.Keys) string { return k.Lock }

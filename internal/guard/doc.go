@@ -11,8 +11,11 @@
 // for a lone caller). [Runner.Post] queues an operation nobody waits for
 // (a release): it goes with the next call, sent by the caller then leading
 // or by a goroutine when none is. Operations are grouped by cluster slot:
-// one script call per slot, all calls of a batch in one pipeline, those
-// that finish or release before those that take. Per-queue namespaces
+// one script call per slot, all calls of a batch in one pipeline; in a call
+// the operations that take come before the others, so that over maxmemory
+// they are refused while those that finish or release still write, and a
+// take of a key that another operation of the batch has goes in a second
+// call after it. Per-queue namespaces
 // ("{orders}:lock:", "{orders}:idem:") put every operation of a queue in
 // one slot, hence one script call per batch.
 //

@@ -2,6 +2,9 @@ package guard
 
 import (
 	_ "embed"
+	"encoding/binary"
+	"encoding/hex"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,22 +21,30 @@ var (
 	opsScript = redis.NewScript(opsLua)
 )
 
-// Op is one operation of ops.lua: its keys (all in one slot) and arguments.
+// Op is one operation of ops.lua: its keys (all in one slot) and arguments,
+// held in the Op itself (one allocation an operation).
 type Op struct {
-	keys  []string
-	args  []any
+	key   [2]string
+	argv  [7]any
+	nkeys int
+	nargs int
 	slot  int
-	grows bool // may need memory: sent apart from those that free it (OOM)
+	grows bool // a take: first in its call (Send)
 }
 
 // Slot returns the cluster slot of the operation's keys.
 func (o *Op) Slot() int { return o.slot }
 
+func (o *Op) keys() []string { return o.key[:o.nkeys] }
+func (o *Op) args() []any    { return o.argv[:o.nargs] }
+
 func newOp(code string, keys []string, args ...any) *Op {
-	grows := code == "la" || code == "rb" || code == "gb"
-	a := make([]any, 0, 1+len(args))
-	a = append(append(a, code), args...)
-	return &Op{keys: keys, args: a, slot: keyslot.Of(keys[0]), grows: grows}
+	o := &Op{nkeys: len(keys), nargs: 1 + len(args), slot: keyslot.Of(keys[0])}
+	o.grows = code == "la" || code == "rb" || code == "gb"
+	copy(o.key[:], keys)
+	o.argv[0] = code
+	copy(o.argv[1:], args)
+	return o
 }
 
 // Ms formats d as whole milliseconds, at least 1.
@@ -58,6 +69,18 @@ func ms(d time.Duration) any {
 		msArgs.Store(d, v)
 	}
 	return v
+}
+
+// Token returns a random lock holder token: 128 bits of math/rand/v2's
+// ChaCha8, which the runtime seeds from the system once, so a token costs
+// no system call (crypto/rand makes one). A token is an owner check, not a
+// secret (the lock holds it for anyone who may GET the key to read): it
+// needs to be unique among the holders of a key, across processes.
+func Token() string {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
+	return hex.EncodeToString(b[:])
 }
 
 // LockValue is what a held lock of fence and token holds.

@@ -7,15 +7,20 @@
 --         number is a positive integer of milliseconds, tokens and owners
 --         are not empty (op.go builds them; the script does not check)
 -- Returns one reply per operation, in order. An operation that cannot be
---         applied whole gets an error reply of its own and changes nothing,
---         and the others still run: each makes one write, sent with
+--         applied whole gets its error as {message} (an array of one string:
+--         go-redis stops reading a reply at an error reply inside it that
+--         it types, OOM or NOPERM, and fails every operation of the call)
+--         and changes nothing, and the others still run: each makes one write, sent with
 --         redis.pcall (a refusal, by the ACL or OOM, is its error reply),
 --         or, fused, checks its second write with the ACL before the first.
---         The operations that finish or release (never in one call with one
---         that takes: runner.go) first mark the call as written with a
---         PEXPIRE that changes nothing (GT 1 ms), so that Redis over
---         maxmemory still lets them write (it refuses only a script's first
---         write); one that takes is refused then, and has written nothing.
+--         Under maxmemory Redis refuses a write that needs memory only until
+--         the script has written, so the operations that take (la, gb, rb)
+--         come first in a call (a call with one after any other operation,
+--         or an unknown code, fails whole before any write); over the limit
+--         they are refused and write nothing.
+--         The others (that finish, release or extend) then first mark the
+--         call as written with a PEXPIRE that changes nothing (GT 1 ms), so
+--         that their writes still run.
 --
 -- Locks. A held lock is the string "<fence> <token>" with the lock's TTL; a
 -- released lock is the string "<fence>" (a tombstone) kept for the TTL given
@@ -172,6 +177,23 @@ end
 local out = {}
 local a, ki = 1, 1
 local nargv = #ARGV
+-- Before any write: every code known, no take after another operation.
+local arity = {la = 3, gb = 5, rb = 3, lr = 3, le = 3, lt = 2, gf = 7, rf = 5, rr = 2, re = 3, rx = 2}
+local takes = {la = true, gb = true, rb = true}
+local taking = true
+while a <= nargv do
+  local code = ARGV[a]
+  if not arity[code] then
+    return redis.error_reply('ERR guard: unknown operation')
+  end
+  if not takes[code] then
+    taking = false
+  elseif not taking then
+    return redis.error_reply('ERR guard: a take after another operation')
+  end
+  a = a + arity[code]
+end
+a = 1
 while a <= nargv do
   local code = ARGV[a]
   local k = KEYS[ki]
@@ -314,8 +336,9 @@ while a <= nargv do
     else
       r = failed(redis.pcall('DEL', k)) or 1
     end
-  else
-    return redis.error_reply('ERR guard: unknown operation')
+  end
+  if type(r) == 'table' and r.err then
+    r = {r.err}
   end
   out[#out + 1] = r
 end

@@ -67,7 +67,7 @@ const postTimeout = 5 * time.Second
 // Do sends op, together with the operations of other callers that arrive
 // meanwhile, and returns its reply: an error when the call failed (the
 // operation may have been applied if the reply was lost), or when the
-// script refused this operation alone (a redis.Error). A caller whose ctx
+// script refused this operation alone (a redis.Error with Redis's message). A caller whose ctx
 // ends while its operation waits in the queue withdraws it and returns
 // ctx's error; once sent, Do waits for the reply.
 func (r *Runner) Do(ctx context.Context, op *Op) (any, error) {
@@ -182,50 +182,27 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 	}()
 }
 
-// Send runs ops at once, one script call per cluster slot, the calls in
-// one pipeline, and returns each operation's reply and error. Operations
-// that take (a lock, a record) go in other script calls than those that
-// finish, release or extend, and after them: under maxmemory Redis refuses
-// a script's first write if it needs memory, and the latter must still run
-// then (ops.lua makes their call's first write a PEXPIRE).
+// Send runs ops at once and returns each operation's reply and error: one
+// script call per cluster slot, the calls in one pipeline. In a call, the
+// operations that take (a lock, a record) come before those that finish,
+// release or extend: under maxmemory Redis refuses a script's first write
+// if it needs memory, and only until the script has written, so takes sent
+// first are refused and write nothing while the others, after them, still
+// run (ops.lua makes their first write a PEXPIRE that needs no memory). A
+// take of a key that another operation of the batch also has would then run
+// before it (an acquire before the posted release of its key): such takes go
+// in a second call of the slot, after the first.
 func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	replies, errs := make([]any, len(ops)), make([]error, len(ops))
 	if len(ops) == 0 {
 		return replies, errs
 	}
-	one := true // the usual case: every operation in one group
-	for _, op := range ops[1:] {
-		if op.slot != ops[0].slot || op.grows != ops[0].grows {
-			one = false
-			break
-		}
-	}
-	if one {
-		keys, args := gather(ops, nil)
+	calls := plan(ops)
+	if len(calls) == 1 {
+		keys, args := gather(ops, calls[0])
 		v, err := opsScript.Run(ctx, r.rdb, keys, args...).Slice() // EVALSHA, EVAL on NOSCRIPT
-		deliver(replies, errs, nil, v, err)
+		deliver(replies, errs, calls[0], v, err)
 		return replies, errs
-	}
-	// Group by slot, keeping each group's order, the groups that take
-	// after those that finish or release: an operation that depends on
-	// one queued before it (an acquire after a posted release of the same
-	// key) is never sent before it.
-	var order []int
-	groups := map[int][]int{}
-	for _, grows := range []bool{false, true} {
-		for i, op := range ops {
-			if op.grows != grows {
-				continue
-			}
-			g := op.slot * 2
-			if op.grows {
-				g++
-			}
-			if _, ok := groups[g]; !ok {
-				order = append(order, g)
-			}
-			groups[g] = append(groups[g], i)
-		}
 	}
 	type sent struct {
 		idx  []int
@@ -233,21 +210,21 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 		args []any
 		cmd  *redis.Cmd
 	}
-	calls := make([]*sent, 0, len(order))
-	for _, g := range order {
-		s := &sent{idx: groups[g]}
-		s.keys, s.args = gather(ops, s.idx)
-		calls = append(calls, s)
+	sends := make([]*sent, len(calls))
+	for i, idx := range calls {
+		s := &sent{idx: idx}
+		s.keys, s.args = gather(ops, idx)
+		sends[i] = s
 	}
 	pipe := r.rdb.Pipeline()
-	for _, s := range calls {
+	for _, s := range sends {
 		s.cmd = opsScript.EvalSha(ctx, pipe, s.keys, s.args...)
 	}
 	_, _ = pipe.Exec(ctx)
 	// The script is not cached on some node (a restart): send those calls
 	// again with the script, only those (the others ran).
 	var again []*sent
-	for _, s := range calls {
+	for _, s := range sends {
 		if err := s.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			again = append(again, s)
 		}
@@ -259,56 +236,112 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 		}
 		_, _ = pipe.Exec(ctx)
 	}
-	for _, s := range calls {
+	for _, s := range sends {
 		v, err := s.cmd.Slice()
 		deliver(replies, errs, s.idx, v, err)
 	}
 	return replies, errs
 }
 
-// gather returns the keys and arguments of the script call of ops idx (all
-// of ops for nil).
-func gather(ops []*Op, idx []int) ([]string, []any) {
-	n := len(ops)
-	if idx != nil {
-		n = len(idx)
-	}
-	keys, args := make([]string, 0, n), make([]any, 0, 4*n)
-	for j := range n {
-		op := ops[j]
-		if idx != nil {
-			op = ops[idx[j]]
+// plan returns the script calls of ops (Send), each as the indexes of its
+// operations in the order they run: per slot, in the order the slots come,
+// the takes then the others; and then, per slot, the takes of a key that
+// one of the others also has.
+func plan(ops []*Op) [][]int {
+	var calls, late [][]int
+	for i, op := range ops {
+		seen := false
+		for _, c := range calls {
+			if ops[c[0]].slot == op.slot {
+				seen = true
+				break
+			}
 		}
-		keys = append(keys, op.keys...)
-		args = append(args, op.args...)
+		if seen {
+			continue
+		}
+		var takes, others, after []int
+		for j := i; j < len(ops); j++ {
+			switch o := ops[j]; {
+			case o.slot != op.slot:
+			case o.grows:
+				takes = append(takes, j)
+			default:
+				others = append(others, j)
+			}
+		}
+		if len(takes) > 0 && len(others) > 0 {
+			kept := takes[:0]
+			for _, j := range takes {
+				if shares(ops[j], ops, others) {
+					after = append(after, j)
+				} else {
+					kept = append(kept, j)
+				}
+			}
+			takes = kept
+		}
+		calls = append(calls, append(takes, others...))
+		if len(after) > 0 {
+			late = append(late, after)
+		}
+	}
+	return append(calls, late...)
+}
+
+// shares reports whether op has a key of one of ops idx.
+func shares(op *Op, ops []*Op, idx []int) bool {
+	for _, j := range idx {
+		for _, k := range ops[j].keys() {
+			for _, l := range op.keys() {
+				if k == l {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// gather returns the keys and arguments of the script call of ops idx.
+func gather(ops []*Op, idx []int) ([]string, []any) {
+	nk, na := 0, 0
+	for _, i := range idx {
+		nk, na = nk+ops[i].nkeys, na+ops[i].nargs
+	}
+	keys, args := make([]string, 0, nk), make([]any, 0, na)
+	for _, i := range idx {
+		keys = append(keys, ops[i].keys()...)
+		args = append(args, ops[i].args()...)
 	}
 	return keys, args
 }
 
-// deliver sets the replies and errors of ops idx (all, for nil) from the
-// reply v (or error err) of their script call.
+// deliver sets the replies and errors of ops idx from the reply v (or
+// error err) of their script call.
 func deliver(replies []any, errs []error, idx []int, v []any, err error) {
-	n := len(replies)
-	if idx != nil {
-		n = len(idx)
+	if err == nil && len(v) != len(idx) {
+		err = fmt.Errorf("guard: %d replies to %d operations", len(v), len(idx))
 	}
-	if err == nil && len(v) != n {
-		err = fmt.Errorf("guard: %d replies to %d operations", len(v), n)
-	}
-	for j := range n {
-		i := j
-		if idx != nil {
-			i = idx[j]
-		}
+	for j, i := range idx {
 		if err != nil {
 			errs[i] = err
-		} else if e, ok := v[j].(redis.Error); ok {
-			errs[i] = e
+		} else if e, ok := v[j].([]any); ok && len(e) == 1 {
+			errs[i] = refusal(fmt.Sprint(e[0]))
 		} else {
 			replies[i] = v[j]
 		}
 	}
 }
+
+// refusal is the error of an operation that the script refused alone: a
+// redis.Error with Redis's message (OOM, NOPERM, ERR ...).
+type refusal string
+
+func (e refusal) Error() string { return string(e) }
+
+// RedisError marks refusal as a redis.Error.
+func (refusal) RedisError() {}
 
 // ErrReply is returned for a reply of an unexpected shape.
 var ErrReply = errors.New("guard: unexpected reply")

@@ -137,7 +137,11 @@ func TestOps_releaseAndFinishWhenFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"{q}:idem:c", "{q}:idem:d"} {
+	hv, err := r.Do(ctx, LockBegin("{q}:lock:h", "t", time.Minute, "{q}:idem:h", "o", time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"{q}:idem:c", "{q}:idem:d", "{q}:idem:i"} {
 		if _, err := r.Do(ctx, RecordBegin(k, "o", time.Minute)); err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +181,7 @@ func TestOps_releaseAndFinishWhenFull(t *testing.T) {
 		// Each alone in its call: its write is the call's first.
 		replies, errs := r.Send(ctx, []*Op{c.op})
 		want := any(int64(1))
-		if c.op.args[0] == "gf" {
+		if c.op.argv[0] == "gf" {
 			want = []any{int64(1), int64(1)}
 		}
 		if errs[0] != nil || fmt.Sprint(replies[0]) != fmt.Sprint(want) {
@@ -190,6 +194,53 @@ func TestOps_releaseAndFinishWhenFull(t *testing.T) {
 	}
 	if n := rdb.Exists(ctx, "{q}:lock:e").Val(); n != 0 {
 		t.Errorf("the refused acquire wrote its lock")
+	}
+
+	// Takes and finishes of one batch, in one call: the takes are refused
+	// and write nothing, the finishes run.
+	fill(64)
+	g := &gate{release: make(chan struct{})}
+	close(g.release)
+	rdb.AddHook(g)
+	replies, errs := r.Send(ctx, []*Op{
+		FinishRelease("{q}:lock:h", LockValue(fence(hv), "t"), time.Minute, "{q}:idem:h", "c", "o", result, time.Hour),
+		LockAcquire("{q}:lock:e", "t", time.Minute),
+		RecordFinish("{q}:idem:i", "o", "c", result, time.Hour),
+		LockBegin("{q}:lock:f", "t", time.Minute, "{q}:idem:f", "o", time.Minute),
+		RecordBegin("{q}:idem:g", "o", time.Minute),
+	})
+	if n := g.calls.Load(); n != 1 {
+		t.Errorf("a batch of takes and finishes made %d script calls, want 1", n)
+	}
+	for i, want := range []string{"[1 1]", "OOM", "1", "OOM", "OOM"} {
+		got := fmt.Sprint(replies[i])
+		if errs[i] != nil {
+			got = errs[i].Error()
+		}
+		if !strings.HasPrefix(got, want) {
+			t.Errorf("operation %d of a mixed batch when full: %s, want %s", i, got, want)
+		}
+	}
+	if n := rdb.Exists(ctx, "{q}:lock:e", "{q}:lock:f", "{q}:idem:f", "{q}:idem:g").Val(); n != 0 {
+		t.Errorf("the refused takes of a mixed batch wrote %d keys", n)
+	}
+}
+
+// A call with a take after another operation fails whole and writes
+// nothing: over maxmemory the take would run (Send never sends one).
+func TestOps_takeAfterOtherRefused(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	ops := []*Op{RecordRelease(prefix+"r", "o"), LockAcquire(prefix+"k", "t", time.Minute)}
+	keys, args := gather(ops, []int{0, 1})
+	err := opsScript.Run(t.Context(), shared, keys, args...).Err()
+	if err == nil || !strings.Contains(err.Error(), "a take after another operation") {
+		t.Fatalf("take after a release: %v; want the call refused", err)
+	}
+	if n := shared.Exists(t.Context(), prefix+"k").Val(); n != 0 {
+		t.Errorf("the refused call wrote the lock")
 	}
 }
 
@@ -249,5 +300,18 @@ func TestRunner_Post_keepsOrder(t *testing.T) {
 	}
 	if n, ok := next.(string); nextErr != nil || !ok || n <= f {
 		t.Fatalf("acquire after the posted release: %v, %v; want a fence above %s", next, nextErr, f)
+	}
+}
+
+// Tokens are 32 hex characters and do not repeat.
+func TestToken(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 10000 {
+		k := Token()
+		if len(k) != 32 || strings.Trim(k, "0123456789abcdef") != "" || seen[k] {
+			t.Fatalf("token %q: want 32 hex characters, not seen before", k)
+		}
+		seen[k] = true
 	}
 }
