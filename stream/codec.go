@@ -53,9 +53,10 @@ func (e *DecodeError) Error() string {
 
 // Encode returns the job's fields in wire format v1, as alternating names and
 // values ready for XADD. It writes only fields that differ from their
-// defaults, and Headers and Extra in name order. Delivery fields (EntryID,
-// Stream, Group, Deliveries, AttemptLimit) are not written, nor is an Extra entry whose name is a
-// v1 field or a header field.
+// defaults (content_type is left out for [ContentTypeJSON], which is what
+// Decode reads when it is absent), and Headers and Extra in name order.
+// Delivery fields (EntryID, Stream, Group, Deliveries, AttemptLimit) are not
+// written, nor is an Extra entry whose name is a v1 field or a header field.
 func Encode(j *Job) []any {
 	// Room for every field at once (17 in format v1): growing the slice
 	// would copy it, and a closure appending to it would move it to the heap.
@@ -64,7 +65,7 @@ func Encode(j *Job) []any {
 	if j.ID != "" {
 		f = append(f, FieldJobID, j.ID)
 	}
-	if j.ContentType != "" {
+	if j.ContentType != "" && j.ContentType != ContentTypeJSON {
 		f = append(f, FieldContentType, j.ContentType)
 	}
 	if j.IdempotencyKey != "" {
