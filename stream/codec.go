@@ -1,7 +1,6 @@
 package stream
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -93,8 +92,7 @@ func Encode(j *Job) []any {
 		f = append(f, FieldLastError, j.LastError)
 	}
 	if len(j.ErrorHistory) > 0 {
-		b, _ := json.Marshal(j.ErrorHistory)
-		f = append(f, FieldErrorHistory, string(b))
+		f = append(f, FieldErrorHistory, encodeHistory(j.ErrorHistory))
 	}
 	if !j.FirstFailedAt.IsZero() {
 		f = append(f, FieldFirstFailedAt, strconv.FormatInt(j.FirstFailedAt.UnixMilli(), 10))
@@ -223,8 +221,8 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 		case FieldLastError:
 			j.LastError = v
 		case FieldErrorHistory:
-			if json.Unmarshal([]byte(v), &j.ErrorHistory) != nil {
-				j.ErrorHistory = nil
+			var ok bool
+			if j.ErrorHistory, ok = decodeHistory(v); !ok {
 				reject(name, "not a JSON array of strings (got %s)", quote(v))
 			}
 		case FieldFirstFailedAt:
