@@ -3,6 +3,7 @@ package stream
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -57,9 +58,16 @@ func (e *DecodeError) Error() string {
 // Delivery fields (EntryID, Stream, Group, Deliveries, AttemptLimit) are not
 // written, nor is an Extra entry whose name is a v1 field or a header field.
 func Encode(j *Job) []any {
-	// Room for every field at once (17 in format v1): growing the slice
-	// would copy it, and a closure appending to it would move it to the heap.
-	f := make([]any, 0, 2*(17+len(j.Headers)+len(j.Extra)))
+	return AppendEncode(nil, j)
+}
+
+// AppendEncode appends the job's fields, as [Encode] returns them, to dst
+// and returns the extended slice: a caller that sends other values before
+// the fields (a script's arguments) builds them in one slice.
+func AppendEncode(dst []any, j *Job) []any {
+	// Room for every field at once: growing the slice would copy it, and a
+	// closure appending to it would move it to the heap.
+	f := slices.Grow(dst, 2*(ownFields+len(j.Headers)+len(j.Extra)))
 	f = append(f, FieldVersion, "1", FieldType, j.Type, FieldPayload, j.Payload)
 	if j.ID != "" {
 		f = append(f, FieldJobID, j.ID)

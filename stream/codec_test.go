@@ -226,6 +226,18 @@ func TestEncode(t *testing.T) {
 		}
 	})
 
+	t.Run("AppendEncodeAppends", func(t *testing.T) {
+		t.Parallel()
+
+		j := &stream.Job{Type: "t", ID: "j", Attempt: 2, Headers: map[string]string{"a": "1"}}
+		prefix := []any{"id", 0, "", 0}
+		got := stream.AppendEncode(prefix[:4:4], j)
+		want := append([]any{"id", 0, "", 0}, stream.Encode(j)...)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("AppendEncode = %v, want %v", got, want)
+		}
+	})
+
 	t.Run("SortsHeadersAndExtra", func(t *testing.T) {
 		t.Parallel()
 
