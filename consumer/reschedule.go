@@ -5,13 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/pelicanqueue/pelican/stream"
 )
 
 // Rescheduling: jobs whose attempt failed (or that snoozed) are rescheduled
-// in batches, one retry script for all the jobs queued meanwhile, as
+// in batches, one retry script for all the jobs queued meanwhile (up to
+// retryScripts batches at once), as
 // acknowledgements are (see ackLoop). A worker does not wait for Redis: it
 // queues the job and takes its next one; the retry loop runs the script,
 // then logs and counts each job's outcome. The job stays in the in-flight
@@ -54,18 +56,36 @@ type retryReq struct {
 	dead *deadReq
 }
 
-// retryLoop runs the batches until stop is closed and nothing is queued.
+// retryScripts is how many retry batches run at once. A queued retry keeps
+// its job's place in the workers' queue until its batch has run, so the
+// read loop waits for the batches: with two, the next batch fills and goes
+// out while the last one is in Redis, instead of after it.
+const retryScripts = 2
+
+// retryLoop runs the batches until stop is closed and nothing is queued,
+// then waits for those still running.
 func (c *Consumer) retryLoop(stop <-chan struct{}) {
 	defer close(c.retryDone)
+	var running sync.WaitGroup
+	defer running.Wait()
+	slots := make(chan struct{}, retryScripts)
+	flush := func(first *retryReq) {
+		slots <- struct{}{} // what is queued meanwhile joins this batch
+		batch := c.fillRetries(first)
+		running.Go(func() {
+			defer func() { <-slots }()
+			c.runRetries(batch)
+		})
+	}
 	for {
 		select {
 		case r := <-c.retryCh:
-			c.flushRetries(r)
+			flush(r)
 		case <-stop:
 			for {
 				select {
 				case r := <-c.retryCh:
-					c.flushRetries(r)
+					flush(r)
 				default:
 					return
 				}
@@ -74,21 +94,19 @@ func (c *Consumer) retryLoop(stop <-chan struct{}) {
 	}
 }
 
-// flushRetries runs one retry script for first and for the jobs queued
-// behind it, and settles each (see rescheduled).
-func (c *Consumer) flushRetries(first *retryReq) {
+// fillRetries returns the batch of first and of the jobs queued behind it.
+func (c *Consumer) fillRetries(first *retryReq) []*retryReq {
 	batch, size := []*retryReq{first}, first.size
-fill:
 	for len(batch) < maxRetryBatch && size < maxRetryBatchBytes {
 		select {
 		case r := <-c.retryCh:
 			batch = append(batch, r)
 			size += r.size
 		default:
-			break fill
+			return batch
 		}
 	}
-	c.runRetries(batch)
+	return batch
 }
 
 // runRetries runs one retry script for the retries and snoozes of batch,
