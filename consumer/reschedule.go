@@ -5,13 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/pelicanqueue/pelican/stream"
 )
 
 // Rescheduling: jobs whose attempt failed (or that snoozed) are rescheduled
-// in batches, one retry script for all the jobs queued meanwhile, as
+// in batches, one retry script for all the jobs queued meanwhile (up to
+// retryScripts batches at once), as
 // acknowledgements are (see ackLoop). A worker does not wait for Redis: it
 // queues the job and takes its next one; the retry loop runs the script,
 // then logs and counts each job's outcome. The job stays in the in-flight
@@ -54,18 +56,36 @@ type retryReq struct {
 	dead *deadReq
 }
 
-// retryLoop runs the batches until stop is closed and nothing is queued.
+// retryScripts is how many retry batches run at once. A queued retry keeps
+// its job's place in the workers' queue until its batch has run, so the
+// read loop waits for the batches: with two, the next batch fills and goes
+// out while the last one is in Redis, instead of after it.
+const retryScripts = 2
+
+// retryLoop runs the batches until stop is closed and nothing is queued,
+// then waits for those still running.
 func (c *Consumer) retryLoop(stop <-chan struct{}) {
 	defer close(c.retryDone)
+	var running sync.WaitGroup
+	defer running.Wait()
+	slots := make(chan struct{}, retryScripts)
+	flush := func(first *retryReq) {
+		slots <- struct{}{} // what is queued meanwhile joins this batch
+		batch := c.fillRetries(first)
+		running.Go(func() {
+			defer func() { <-slots }()
+			c.runRetries(batch)
+		})
+	}
 	for {
 		select {
 		case r := <-c.retryCh:
-			c.flushRetries(r)
+			flush(r)
 		case <-stop:
 			for {
 				select {
 				case r := <-c.retryCh:
-					c.flushRetries(r)
+					flush(r)
 				default:
 					return
 				}
@@ -74,21 +94,19 @@ func (c *Consumer) retryLoop(stop <-chan struct{}) {
 	}
 }
 
-// flushRetries runs one retry script for first and for the jobs queued
-// behind it, and settles each (see rescheduled).
-func (c *Consumer) flushRetries(first *retryReq) {
+// fillRetries returns the batch of first and of the jobs queued behind it.
+func (c *Consumer) fillRetries(first *retryReq) []*retryReq {
 	batch, size := []*retryReq{first}, first.size
-fill:
 	for len(batch) < maxRetryBatch && size < maxRetryBatchBytes {
 		select {
 		case r := <-c.retryCh:
 			batch = append(batch, r)
 			size += r.size
 		default:
-			break fill
+			return batch
 		}
 	}
-	c.runRetries(batch)
+	return batch
 }
 
 // runRetries runs one retry script for the retries and snoozes of batch,
@@ -260,18 +278,20 @@ func (c *Consumer) retryRequest(jobCtx context.Context, job *stream.Job, d deliv
 			next.FirstFailedAt = time.Now()
 		}
 	}
-	fields := stream.Encode(&next)
+	// One slice for the job's four values and the new entry's fields, in
+	// the order retry.lua takes them: no copy of the fields (40: room for
+	// the values and format v1's 17 fields; AppendEncode grows it if need be).
+	r := &retryReq{id: d.id, job: job, ran: t.handlerTime(), msg: msg, delay: delay, count: count}
+	r.args = stream.AppendEncode(append(make([]any, 0, 40), d.id, 0, "", 0), &next)
+	fields := r.args[4:]
 	// retry.lua compares the delay in ms: a positive delay under 1 ms is no
 	// delay, and must come with the fields of the entry to add at once.
-	r := &retryReq{id: d.id, job: job, ran: t.handlerTime(), msg: msg, delay: delay, count: count}
 	if delay.Milliseconds() > 0 {
 		member := stream.EncodeDelayed(d.id, fields)
-		r.args = []any{d.id, delay.Milliseconds(), member, 0}
+		r.args = append(r.args[:1], delay.Milliseconds(), member, 0)
 		r.size = len(member)
 	} else {
-		// One slice for the values and the fields: no copy of the fields.
-		r.args = append(make([]any, 0, 4+len(fields)), d.id, 0, "", len(fields))
-		r.args = append(r.args, fields...)
+		r.args[3] = len(fields)
 		for _, f := range fields {
 			switch v := f.(type) {
 			case string:

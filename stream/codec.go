@@ -1,9 +1,9 @@
 package stream
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,18 +53,26 @@ func (e *DecodeError) Error() string {
 
 // Encode returns the job's fields in wire format v1, as alternating names and
 // values ready for XADD. It writes only fields that differ from their
-// defaults, and Headers and Extra in name order. Delivery fields (EntryID,
-// Stream, Group, Deliveries, AttemptLimit) are not written, nor is an Extra entry whose name is a
-// v1 field or a header field.
+// defaults (content_type is left out for [ContentTypeJSON], which is what
+// Decode reads when it is absent), and Headers and Extra in name order.
+// Delivery fields (EntryID, Stream, Group, Deliveries, AttemptLimit) are not
+// written, nor is an Extra entry whose name is a v1 field or a header field.
 func Encode(j *Job) []any {
-	// Room for every field at once (17 in format v1): growing the slice
-	// would copy it, and a closure appending to it would move it to the heap.
-	f := make([]any, 0, 2*(17+len(j.Headers)+len(j.Extra)))
+	return AppendEncode(nil, j)
+}
+
+// AppendEncode appends the job's fields, as [Encode] returns them, to dst
+// and returns the extended slice: a caller that sends other values before
+// the fields (a script's arguments) builds them in one slice.
+func AppendEncode(dst []any, j *Job) []any {
+	// Room for every field at once: growing the slice would copy it, and a
+	// closure appending to it would move it to the heap.
+	f := slices.Grow(dst, 2*(ownFields+len(j.Headers)+len(j.Extra)))
 	f = append(f, FieldVersion, "1", FieldType, j.Type, FieldPayload, j.Payload)
 	if j.ID != "" {
 		f = append(f, FieldJobID, j.ID)
 	}
-	if j.ContentType != "" {
+	if j.ContentType != "" && j.ContentType != ContentTypeJSON {
 		f = append(f, FieldContentType, j.ContentType)
 	}
 	if j.IdempotencyKey != "" {
@@ -92,8 +100,7 @@ func Encode(j *Job) []any {
 		f = append(f, FieldLastError, j.LastError)
 	}
 	if len(j.ErrorHistory) > 0 {
-		b, _ := json.Marshal(j.ErrorHistory)
-		f = append(f, FieldErrorHistory, string(b))
+		f = append(f, FieldErrorHistory, encodeHistory(j.ErrorHistory))
 	}
 	if !j.FirstFailedAt.IsZero() {
 		f = append(f, FieldFirstFailedAt, strconv.FormatInt(j.FirstFailedAt.UnixMilli(), 10))
@@ -222,8 +229,8 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 		case FieldLastError:
 			j.LastError = v
 		case FieldErrorHistory:
-			if json.Unmarshal([]byte(v), &j.ErrorHistory) != nil {
-				j.ErrorHistory = nil
+			var ok bool
+			if j.ErrorHistory, ok = decodeHistory(v); !ok {
 				reject(name, "not a JSON array of strings (got %s)", quote(v))
 			}
 		case FieldFirstFailedAt:

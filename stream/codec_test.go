@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -207,6 +208,33 @@ func TestEncode(t *testing.T) {
 		want := []any{stream.FieldVersion, "1", stream.FieldType, "t", stream.FieldPayload, []byte(nil)}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("Encode = %v, want %v", got, want)
+		}
+	})
+
+	t.Run("LeavesOutDefaultContentType", func(t *testing.T) {
+		t.Parallel()
+
+		// JSON is what an absent content_type means: a retried JSON job
+		// carries one field fewer. Any other content type is written.
+		got := stream.Encode(&stream.Job{Type: "t", ContentType: stream.ContentTypeJSON})
+		if slices.Contains(got, any(stream.FieldContentType)) {
+			t.Errorf("Encode(JSON) = %v, want no %s", got, stream.FieldContentType)
+		}
+		got = stream.Encode(&stream.Job{Type: "t", ContentType: stream.ContentTypeMsgpack})
+		if i := slices.Index(got, any(stream.FieldContentType)); i < 0 || got[i+1] != any(stream.ContentTypeMsgpack) {
+			t.Errorf("Encode(msgpack) = %v, want %s %s", got, stream.FieldContentType, stream.ContentTypeMsgpack)
+		}
+	})
+
+	t.Run("AppendEncodeAppends", func(t *testing.T) {
+		t.Parallel()
+
+		j := &stream.Job{Type: "t", ID: "j", Attempt: 2, Headers: map[string]string{"a": "1"}}
+		prefix := []any{"id", 0, "", 0}
+		got := stream.AppendEncode(prefix[:4:4], j)
+		want := append([]any{"id", 0, "", 0}, stream.Encode(j)...)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("AppendEncode = %v, want %v", got, want)
 		}
 	})
 
