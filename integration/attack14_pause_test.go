@@ -930,7 +930,7 @@ func TestAttack14Pause_waitIdle(t *testing.T) {
 	if err := control.Pause(t.Context(), rdb, s, control.PauseOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond) // the pause reaches the consumer
+	eventually(t, 30*time.Second, poll.True("the pause to reach the consumer", func() bool { return c.Health().Paused }))
 	ids := a14Enqueue(t, rdb, s, "x", 3, 0)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	err := c.WaitIdle(ctx)
@@ -946,7 +946,10 @@ func TestAttack14Pause_waitIdle(t *testing.T) {
 	if err := control.Resume(t.Context(), rdb, s, control.ResumeOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	eventually(t, 30*time.Second, poll.True("the type's pause alone to reach the consumer", func() bool {
+		h := c.Health()
+		return !h.Paused && slices.Equal(h.PausedTypes, []string{"x"})
+	}))
 	ctx, cancel = context.WithTimeout(t.Context(), 3*time.Second)
 	err = c.WaitIdle(ctx)
 	cancel()
