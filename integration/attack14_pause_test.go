@@ -495,13 +495,13 @@ func TestAttack14Pause_redisRestart(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{AOF: "always"})
 	rdb := srv.Client(t)
 	s := redistest.Name(t)
-	_, rec, errc := a14Consumer(t, redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1}), s, "a", nil)
+	c, rec, errc := a14Consumer(t, redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1}), s, "a", nil)
 	a14Enqueue(t, rdb, s, "x", 1, 0)
 	waitStarting(t, rec, time.Time{}, 30*time.Second, "before the pause")
 	if err := control.Pause(t.Context(), rdb, s, control.PauseOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond) // the pause reaches the consumer (about a second)
+	eventually(t, 30*time.Second, poll.True("the pause to reach the consumer", func() bool { return c.Health().Paused }))
 	srv.Shutdown()
 	srv.Restart()
 	eventually(t, 30*time.Second, func() (bool, string) {
@@ -800,7 +800,7 @@ func TestAttack14Pause_replaceEnd(t *testing.T) {
 	s, _ := a14Keys(t, rdb)
 	watch, _ := watchStalls(rdb)
 	defer watch.Stop()
-	_, rec, _ := a14Consumer(t, rdb, s, "a", nil)
+	c, rec, _ := a14Consumer(t, rdb, s, "a", nil)
 	a14Feed(t, rdb, s)
 	waitStarting(t, rec, time.Time{}, 30*time.Second, "at first")
 	ctx := t.Context()
@@ -844,7 +844,11 @@ func TestAttack14Pause_replaceEnd(t *testing.T) {
 	if err := control.Pause(ctx, rdb, s, control.PauseOptions{Type: "slow", Until: tend}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// The jobs are enqueued once the consumer follows the pause (or it has
+	// ended: they may start at once then).
+	eventually(t, 30*time.Second, poll.True("the type's pause to reach the consumer", func() bool {
+		return slices.Contains(c.Health().PausedTypes, "slow") || !redisNow().Before(tend)
+	}))
 	slow := a14Enqueue(t, rdb, s, "slow", 3, 0)
 	eventually(t, 30*time.Second, func() (bool, string) {
 		for _, id := range slow {
