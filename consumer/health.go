@@ -41,7 +41,9 @@ type Health struct {
 	// zero if none was. LeaseLost counts them, as Stats.LeaseLost.
 	LastLeaseLost time.Time `json:"last_lease_lost"`
 	LeaseLost     uint64    `json:"lease_lost"`
-	// InFlight is the number of jobs running or being settled.
+	// InFlight is the number of jobs running or being settled. Jobs read
+	// but not started are not: prefetched ones waiting for a worker, those
+	// held by a pause (Held) and suspects waiting for their run.
 	InFlight int `json:"in_flight"`
 	// ReadErrors counts the failed reads, as Stats.ReadErrors.
 	ReadErrors uint64 `json:"read_errors"`
@@ -190,8 +192,10 @@ func (c *Consumer) Health() Health {
 	now := time.Now()
 	var oldestLease time.Time // the least recently renewed lease of a running job
 	c.mu.Lock()
-	h.InFlight = len(c.inflight)
 	for _, t := range c.inflight {
+		if !t.start.IsZero() || t.finished {
+			h.InFlight++
+		}
 		if t.holdsLease() && (oldestLease.IsZero() || t.lease.renewed.Before(oldestLease)) {
 			oldestLease = t.lease.renewed
 		}

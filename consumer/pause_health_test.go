@@ -15,7 +15,9 @@ import (
 )
 
 // TestHealth_pauses: Health and Stats show the pauses the consumer follows
-// and the jobs it holds because of them, and none once resumed.
+// and the jobs it holds because of them, and none once resumed. Held jobs
+// are not in flight: InFlight counts the running job of the type not
+// paused, not the three read and held.
 func TestHealth_pauses(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Shared(t)
@@ -26,9 +28,15 @@ func TestHealth_pauses(t *testing.T) {
 	if err := control.Pause(ctx, rdb, name, control.PauseOptions{Type: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	ran := make(chan string, 10)
+	bStarted, releaseB := make(chan struct{}), make(chan struct{})
 	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Consumer: "c1", Block: 20 * time.Millisecond, Logger: discard}).
-		Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error { ran <- j.Type; return nil }))
+		Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+			if j.Type == "b" {
+				close(bStarted)
+				<-releaseB
+			}
+			return nil
+		}))
 	start(t, c)
 	<-c.Reading()
 	prod := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name})
@@ -45,6 +53,11 @@ func TestHealth_pauses(t *testing.T) {
 		return h.Held == 3 && c.Stats().Held == 3 && !h.Paused && slices.Equal(h.PausedTypes, []string{"a"}) && h.Ready,
 			fmt.Sprintf("health %+v, stats held %d; want 3 held, type a paused", h, c.Stats().Held)
 	})
+	recv(t, bStarted, 30*time.Second, "the job of type b to start")
+	if h := c.Health(); h.InFlight != 1 {
+		t.Errorf("InFlight = %d with one job running and 3 held (%+v); want 1", h.InFlight, h)
+	}
+	close(releaseB)
 	if err := control.Pause(ctx, rdb, name, control.PauseOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -159,17 +159,20 @@ func TestRateLimit_snoozesWithoutCallingTheHandler(t *testing.T) {
 		return nil
 	}))
 	job := &stream.Job{Type: "call", Headers: map[string]string{"api": "geo"}}
+	t0 := time.Now()
 	if err := h.Process(context.Background(), job); err != nil {
 		t.Fatal(err)
 	}
 	err := h.Process(context.Background(), job)
+	between := time.Since(t0) // at least the time between the two starts at Redis
 	d, ok := snoozeDelay(err)
 	if !ok {
 		t.Fatalf("second job: %v, want a snooze", err)
 	}
-	// retry-after is about 500ms; the jitter adds at most 50ms + 500ms.
-	if d < 400*time.Millisecond || d > 1100*time.Millisecond {
-		t.Errorf("snooze %v, want about 500ms plus a small jitter", d)
+	// retry-after is 500ms less the time between the two starts (by the
+	// Redis clock, in µs); the jitter adds at most 50ms + 500ms.
+	if lo := 500*time.Millisecond - between - time.Millisecond; d < lo || d > 1100*time.Millisecond {
+		t.Errorf("snooze %v, %v after the first start; want 500ms less that, plus a small jitter", d, between)
 	}
 	if calls.Load() != 1 {
 		t.Fatalf("handler called %d times, want 1", calls.Load())
