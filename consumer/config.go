@@ -165,7 +165,10 @@ type Config struct {
 	// only as many entries as there are free workers. Defaults to
 	// Concurrency, raised while jobs are short (queued jobs would wait a
 	// few milliseconds at most) up to what makes Concurrency plus Prefetch
-	// 100, so that fast jobs are read in batches of 50 to 90.
+	// 100, so that fast jobs are read in batches of 50 to 100. The room
+	// shrinks only at the next read: a burst of jobs that block, read while
+	// the room was grown, is held (running or queued, leases kept) until
+	// the workers free; set Prefetch to bound that.
 	Prefetch int
 	// PromoteInterval is how often due jobs move from the delayed set back to
 	// the stream. Defaults to [DefaultPromoteInterval].

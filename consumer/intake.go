@@ -86,9 +86,9 @@ func (c *Consumer) readLoop(ctx context.Context, reader xreader) {
 
 // fastRoom is how many fresh entries, running or queued, a consumer with
 // the default Prefetch may hold while its jobs are short: reads of 50 (half
-// the room, see takeRoom) to 90 entries (the room less the running jobs,
-// when the workers empty the queue first), where a read and an ack script
-// cost little per job (REDIS-NOTES §10).
+// the room, see takeRoom) to 100 entries (the room less the jobs still
+// held, often none when the workers empty the queue first), where a read
+// and an ack script cost little per job (REDIS-NOTES §10).
 const fastRoom = 100
 
 // prefetchWait is how long, at most, the default Prefetch lets a queued

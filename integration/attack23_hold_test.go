@@ -3,11 +3,11 @@ package integration
 // Attack 23 (reading and prefetch), in-process consumers on the shared
 // Redis, written from README.md ("Reading") and the consumer godoc only:
 //   - with short jobs and the default Config, reads come in batches of 50
-//     to 90 and never take the consumer past 100 jobs held;
+//     to 100 and never take the consumer past 100 jobs held;
 //   - a consumer holds at most Concurrency + Prefetch fresh jobs (running or
 //     queued), also when its room grew on short jobs and a burst of jobs that
-//     block follows; with the default Prefetch such a burst is "held no more
-//     than with Prefetch = Concurrency".
+//     block follows (the README promised such a burst "held no more than
+//     with Prefetch = Concurrency"; it now states the limit instead).
 // Reads are observed with a go-redis hook on the consumer's own client:
 // every XREADGROUP ... > reply's entries are counted as delivered, and a
 // job counts as no longer held once its handler has returned (before its
@@ -155,9 +155,9 @@ func attack23Median(xs []int) int {
 
 // TestAttack23ReadBatchSizes: 6,000 jobs that do nothing, one consumer with
 // the default Config. The README: "With the default Prefetch the room grows
-// while jobs are short, up to 100 (reads of 50 to 90)". The reads after the
+// while jobs are short, up to 100 (reads of 50 to 100)". The reads after the
 // first few (the room growing) and before the last (the stream running dry)
-// must have a median of 50 to 90 entries, and no read may take the consumer
+// must have a median of 50 to 100 entries, and no read may take the consumer
 // past 100 jobs held. Every job runs exactly once.
 //
 // Precondition: jobs are short. The handler measures its own run time; a
@@ -165,7 +165,6 @@ func attack23Median(xs []int) int {
 // 100 on 10 workers already makes queued jobs wait 5 ms) checks nothing and
 // is repeated.
 func TestAttack23ReadBatchSizes(t *testing.T) {
-	t.Skip("FINDING: default Config, jobs of ~1-50us: reads are of 91-100 (median 91 without -race, 94-95 with), COUNT asked 91-100 while 0-9 jobs held, not 50 to 90")
 	t.Parallel()
 	for run := 1; run <= 4; run++ {
 		broken := false
@@ -238,8 +237,8 @@ func attack23ReadBatchSizes(t *testing.T) (broken bool) {
 		t.Fatalf("only %d fresh reads for %d jobs: batches far over 100", len(sizes), n)
 	}
 	mid := sizes[5 : len(sizes)-1]
-	if m := attack23Median(mid); m < 50 || m > 90 {
-		t.Errorf("median read of %d entries (reads after the 5th, before the last: %v), want 50 to 90", m, mid)
+	if m := attack23Median(mid); m < 50 || m > 100 {
+		t.Errorf("median read of %d entries (reads after the 5th, before the last: %v), want 50 to 100", m, mid)
 	}
 	return false
 }
@@ -289,7 +288,7 @@ func TestAttack23HoldBound(t *testing.T) {
 // them, which no other consumer of the group can take until its workers
 // free (the godoc's own "price is balance").
 func TestAttack23HoldBurstDefaultPrefetch(t *testing.T) {
-	t.Skip("FINDING: default Prefetch: after short jobs a burst of blocking jobs is held 100 at a time (4 running, 96 queued), not 2*Concurrency as README promises")
+	t.Skip("FINDING, now a documented limit (README Reading): with the default Prefetch a burst of blocking jobs read after short jobs is held 100 at a time (4 running, 96 queued), not 2*Concurrency; a give-back of the excess (branch s23-hold) was not merged: given-back jobs wait for a sweep (15 s by default) on a lone consumer")
 	t.Parallel()
 	attack23HoldBound(t, attack23HoldCase{"defaultPrefetch", 0, 8, "as with Prefetch = Concurrency"})
 }
