@@ -163,9 +163,14 @@ func TestAttack23GuardOOMTakesRefusedFinishesLand(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory", "64mb", "--maxmemory-policy", "noeviction"}})
 	rdb := srv.Client(t)
 	ctx := context.Background()
+	spy := &attack23GuardSpy{}
+	rdb.AddHook(spy)
 	lc := lockx.New(rdb, lockx.Config{Prefix: "{q}:lock:"})
 	store := idem.NewRedisStore(rdb, idem.RedisConfig{})
 	const n = 32
+	for k := 0; k < n; k++ {
+		spy.watch(fmt.Sprintf("{q}:lock:{held%d}", k), fmt.Sprintf("{q}:idem:held%d", k))
+	}
 	held := make([]*lockx.Lock, n)
 	for i := range held {
 		var err error
@@ -245,6 +250,10 @@ func TestAttack23GuardOOMTakesRefusedFinishesLand(t *testing.T) {
 		}
 	}
 
+	if spy.mixed() == 0 {
+		t.Errorf("no finish went in a script call with other keys: the batches were never mixed")
+	}
+	t.Logf("finishes sent in script calls of several keys: %d", spy.mixed())
 	if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
