@@ -201,28 +201,7 @@ func attack23ReadBatchSizes(t *testing.T) (broken bool) {
 		}))
 	done := make(chan error, 1)
 	go func() { done <- c.Run(context.Background()) }()
-	eventually(t, 120*time.Second, func() (bool, string) {
-		st := c.Stats()
-		return st.Acked == n, fmt.Sprintf("acked %d of %d", st.Acked, n)
-	})
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.Shutdown(sctx); err != nil {
-		t.Errorf("Shutdown: %v", err)
-	}
-	if err := <-done; err != nil {
-		t.Errorf("Run: %v", err)
-	}
-	for _, id := range ids {
-		v, ok := runs.Load(id)
-		if !ok || v.(*atomic.Int32).Load() != 1 {
-			got := int32(0)
-			if ok {
-				got = v.(*atomic.Int32).Load()
-			}
-			t.Errorf("entry %s ran %d times, want 1", id, got)
-		}
-	}
+	attack23Finish(t, c, done, n, ids, &runs)
 	sizes, held, counts := reads.snapshot()
 	avg := time.Duration(busy.Load() / n)
 	t.Logf("%d fresh reads, sizes %v; COUNT asked %v; held after each %v; handler average %v", len(sizes), sizes, counts, held, avg)
@@ -346,24 +325,7 @@ func attack23HoldBound(t *testing.T, tc attack23HoldCase) {
 	}
 	sizes, held, counts := reads.snapshot()
 	close(release)
-	eventually(t, 120*time.Second, func() (bool, string) {
-		st := c.Stats()
-		return st.Acked == fast+blocking, fmt.Sprintf("acked %d of %d", st.Acked, fast+blocking)
-	})
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.Shutdown(sctx); err != nil {
-		t.Errorf("Shutdown: %v", err)
-	}
-	if err := <-done; err != nil {
-		t.Errorf("Run: %v", err)
-	}
-	for _, id := range ids {
-		v, ok := runs.Load(id)
-		if !ok || v.(*atomic.Int32).Load() != 1 {
-			t.Errorf("entry %s did not run exactly once", id)
-		}
-	}
+	attack23Finish(t, c, done, fast+blocking, ids, &runs)
 	if n := (&scenario{t: t, rdb: shared, stream: name}).pending("g"); n != 0 {
 		t.Errorf("%d entries still pending", n)
 	}
@@ -393,5 +355,33 @@ func attack23HoldBound(t *testing.T, tc attack23HoldCase) {
 	if maxPending > tc.bound {
 		t.Errorf("the consumer held %d blocking jobs (%d running, %d queued that no other consumer can take), over %d (%s)",
 			maxPending, conc, maxPending-conc, tc.bound, tc.why)
+	}
+}
+
+// attack23Finish waits until consumer c (its Run's error on done) acked
+// want jobs, shuts it down, and checks that each entry of ids ran exactly
+// once (runs: entry ID -> *atomic.Int32, counted by the handler).
+func attack23Finish(t *testing.T, c *consumer.Consumer, done <-chan error, want int, ids []string, runs *sync.Map) {
+	t.Helper()
+	eventually(t, 120*time.Second, func() (bool, string) {
+		st := c.Stats()
+		return st.Acked == uint64(want), fmt.Sprintf("acked %d of %d", st.Acked, want)
+	})
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Shutdown(sctx); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	for _, id := range ids {
+		got := int32(0)
+		if v, ok := runs.Load(id); ok {
+			got = v.(*atomic.Int32).Load()
+		}
+		if got != 1 {
+			t.Errorf("entry %s ran %d times, want 1", id, got)
+		}
 	}
 }
