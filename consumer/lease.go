@@ -213,6 +213,11 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 				continue
 			}
 			switch {
+			case !t.lease.lost && !now.Before(c.leaseEnd(t)):
+				// Its lease ended first (the process stalled past it):
+				// another consumer may have run and settled it, deleting
+				// the entry, so the handler is cancelled, not left to go on.
+				c.loseLease(t, errLeaseExpired)
 			case deleted[id]:
 				// Deleted or trimmed from the stream while running: no
 				// other consumer has it or can ever run it (its body is
@@ -224,8 +229,6 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 			case t.lease.lost:
 			case gone[id]:
 				c.loseLease(t, errReclaimed)
-			case !now.Before(c.leaseEnd(t)):
-				c.loseLease(t, errLeaseExpired) // the watcher has not got to it yet
 			default:
 				t.lease.renewed = sent
 			}
