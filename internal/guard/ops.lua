@@ -229,7 +229,7 @@ local function begin(k, owner, lease)
     end
     return e or v
   end
-  if type(v) == 'table' then -- refused
+  if type(v) == 'table' and v.err then -- refused
     return v
   end
   if v then
@@ -311,7 +311,7 @@ while a <= nargv do
         if not r then
           primed = true
           local lv = redis.pcall('SET', k, f .. ' ' .. token, 'PX', ttl)
-          if type(lv) == 'table' then
+          if type(lv) == 'table' and lv.err then
             redis.pcall('DEL', rk)
             r = lv
           else
