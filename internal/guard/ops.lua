@@ -10,9 +10,17 @@
 --         applied whole gets its error as {message} (an array of one string:
 --         go-redis stops reading a reply at an error reply inside it that
 --         it types, OOM or NOPERM, and fails every operation of the call)
---         and changes nothing, and the others still run: each makes one write, sent with
---         redis.pcall (a refusal, by the ACL or OOM, is its error reply),
---         or, fused, checks its second write with the ACL before the first.
+--         and changes nothing, and the others still run: every command
+--         is sent with redis.pcall (a key of another type, a refusal by
+--         the ACL or OOM, is that operation's error reply), each operation
+--         makes one write or, fused, checks its second write with the ACL
+--         before the first. (Redis checks the ACL for every key of KEYS
+--         before the script runs: one forbidden key refuses the whole call
+--         with NOPERM, nothing written, and the runner sends each
+--         operation of that call again alone.)
+--         A begin of a record that exists needs no write: over maxmemory,
+--         where Redis refuses its SET anyway, the record is read and
+--         reported as it is.
 --         Under maxmemory Redis refuses a write that needs memory only until
 --         the script has written, so the operations that take (la, gb, rb)
 --         come first in a call (a call with one after any other operation,
@@ -60,7 +68,10 @@
 local now, nows
 local function fence(v)
   if not now then
-    local t = redis.call('TIME')
+    local t = redis.pcall('TIME')
+    if t.err then -- the ACL forbids TIME
+      return nil, t
+    end
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     -- Exact as a double below 2^53 (year 2255 in microseconds).
     if now >= 9007199254740992 then
@@ -79,13 +90,33 @@ local function fence(v)
 end
 
 -- primed: the call has made a write, so that Redis no longer refuses a
--- write for OOM (see the header); prime(k) makes one that changes nothing.
+-- write for OOM (see the header); prime(k) makes one that changes nothing
+-- (refused by the ACL, it leaves the operation's own write to be refused).
 local primed = false
 local function prime(k)
   if not primed then
-    redis.call('PEXPIRE', k, 1, 'GT')
-    primed = true
+    local r = redis.pcall('PEXPIRE', k, 1, 'GT')
+    primed = type(r) ~= 'table'
   end
+end
+
+-- get returns the string at k (false when absent), or nil and the error
+-- reply when k holds another type or the ACL forbids reading it: every
+-- command on a key goes through redis.pcall, so that a key another client
+-- filled with something else, or that this user may not touch, fails its
+-- own operation only, never the call (whose earlier writes would stand yet
+-- be reported failed).
+local function get(k)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' then
+    return nil, v
+  end
+  return v
+end
+
+-- oom reports whether r is Redis's refusal of a write for want of memory.
+local function oom(r)
+  return type(r) == 'table' and r.err and string.sub(r.err, 1, 3) == 'OOM'
 end
 
 -- may checks the ACL for a SET of key.
@@ -134,9 +165,14 @@ local function report(v)
   return {names[s], owner, payload, ''}
 end
 
--- lock_check returns whether lock k holds value.
+-- lock_check returns whether lock k holds value, or nil and the error
+-- reply of its read.
 local function lock_check(k, value)
-  return redis.call('GET', k) == value
+  local v, e = get(k)
+  if e then
+    return nil, e
+  end
+  return v == value
 end
 
 -- lock_release leaves the tombstone of value's fence for keep ms (k holds
@@ -148,9 +184,13 @@ local function lock_release(k, value, keep)
 end
 
 -- record_check returns 1 if record k is owner's processing record, 2 if it
--- is owner's record finished with status s already, else 0.
+-- is owner's record finished with status s already, else 0; or the error
+-- reply of its read.
 local function record_check(k, owner, s)
-  local v = redis.call('GET', k)
+  local v, e = get(k)
+  if e then
+    return e
+  end
   if v == 'p' .. owner then
     return 1
   end
@@ -172,6 +212,30 @@ local function record_write(k, owner, s, val, ret)
   end
   prime(k)
   return failed(redis.pcall('SET', k, s .. #owner .. ':' .. owner .. val, 'PX', ret)) or 1
+end
+
+-- begin takes record k for owner (SET NX GET): nil when taken, else the
+-- reply to report: the record as it is, or the error reply of a refused
+-- write. Over maxmemory Redis refuses the SET even when the record exists
+-- and the SET would write nothing: then the record is read and reported
+-- (a finished record needs no write), and the refusal stands only for an
+-- absent one.
+local function begin(k, owner, lease)
+  local v = redis.pcall('SET', k, 'p' .. owner, 'NX', 'PX', lease, 'GET')
+  if oom(v) then
+    local cur, e = get(k)
+    if cur then
+      return report(cur)
+    end
+    return e or v
+  end
+  if type(v) == 'table' and v.err then -- refused
+    return v
+  end
+  if v then
+    return report(v)
+  end
+  return nil
 end
 
 local out = {}
@@ -201,13 +265,15 @@ while a <= nargv do
   if code == 'la' then
     local token, ttl = ARGV[a + 1], ARGV[a + 2]
     a, ki = a + 3, ki + 1
-    local v = redis.call('GET', k)
-    if held(v) then
+    local v, e = get(k)
+    if e then
+      r = e
+    elseif held(v) then
       r = 0
     else
-      local f = fence(v)
+      local f, fe = fence(v)
       if not f then
-        r = redis.error_reply('ERR lockx: fence out of range')
+        r = fe or redis.error_reply('ERR lockx: fence out of range')
       else
         r = failed(redis.pcall('SET', k, f .. ' ' .. token, 'PX', ttl)) or f
       end
@@ -215,32 +281,42 @@ while a <= nargv do
   elseif code == 'lr' then
     local value, keep = ARGV[a + 1], ARGV[a + 2]
     a, ki = a + 3, ki + 1
-    r = lock_check(k, value) and lock_release(k, value, keep) or 0
+    local l, e = lock_check(k, value)
+    if e then
+      r = e
+    else
+      r = l and lock_release(k, value, keep) or 0
+    end
   elseif code == 'gb' then
     local rk = KEYS[ki + 1]
     local token, ttl, owner, lease = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
     a, ki = a + 5, ki + 2
-    local v = redis.call('GET', k)
-    if held(v) then
+    local v, e = get(k)
+    if e then
+      r = e
+    elseif held(v) then
       r = {'locked', '', '', ''}
     elseif not may(k) then
       r = denied('lock or the record')
     else
-      local f = fence(v)
+      local f, fe = fence(v)
       if not f then
-        r = redis.error_reply('ERR lockx: fence out of range')
+        r = fe or redis.error_reply('ERR lockx: fence out of range')
       else
         -- The record first: taken only if absent, else reported as it is
         -- (the lock then not taken); the lock's SET, checked above, cannot
-        -- fail once the call has written.
-        local rv = redis.pcall('SET', rk, 'p' .. owner, 'NX', 'PX', lease, 'GET')
-        if type(rv) == 'table' then -- refused
-          r = rv
-        elseif rv then
-          r = report(rv)
-        else
-          redis.call('SET', k, f .. ' ' .. token, 'PX', ttl)
-          r = {'started', owner, '', f}
+        -- fail once the call has written (were it refused all the same, the
+        -- record is taken back, so that the refusal writes nothing).
+        r = begin(rk, owner, lease)
+        if not r then
+          primed = true
+          local lv = redis.pcall('SET', k, f .. ' ' .. token, 'PX', ttl)
+          if type(lv) == 'table' and lv.err then
+            redis.pcall('DEL', rk)
+            r = lv
+          else
+            r = {'started', owner, '', f}
+          end
         end
       end
     end
@@ -248,9 +324,13 @@ while a <= nargv do
     local rk = KEYS[ki + 1]
     local value, keep, s, owner, val, ret = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
     a, ki = a + 7, ki + 2
-    local l = lock_check(k, value)
+    local l, le = lock_check(k, value)
     local c = record_check(rk, owner, s)
-    if l and c == 1 and not may(k) then
+    if le then
+      r = le
+    elseif type(c) == 'table' then
+      r = c
+    elseif l and c == 1 and not may(k) then
       r = denied('lock')
     else
       -- The record first, then the lock: the lock's SET, checked above,
@@ -274,12 +354,9 @@ while a <= nargv do
   elseif code == 'rb' then
     local owner, lease = ARGV[a + 1], ARGV[a + 2]
     a, ki = a + 3, ki + 1
-    local v = redis.pcall('SET', k, 'p' .. owner, 'NX', 'PX', lease, 'GET')
-    if type(v) == 'table' then -- refused
-      r = v
-    elseif v then
-      r = report(v)
-    else
+    r = begin(k, owner, lease)
+    if not r then
+      primed = true
       r = {'started', owner, '', ''}
     end
   elseif code == 'rf' then
@@ -289,7 +366,9 @@ while a <= nargv do
       r = redis.error_reply('ERR idem: bad finish arguments')
     else
       r = record_check(k, owner, s)
-      if r == 1 then
+      if type(r) == 'table' then
+        -- refused read: r is the error reply
+      elseif r == 1 then
         r = record_write(k, owner, s, val, ret)
       elseif r == 2 then
         r = 1
@@ -297,7 +376,10 @@ while a <= nargv do
     end
   elseif code == 'rr' then
     a, ki = a + 2, ki + 1
-    if redis.call('GET', k) ~= 'p' .. ARGV[a - 1] then
+    local v, e = get(k)
+    if e then
+      r = e
+    elseif v ~= 'p' .. ARGV[a - 1] then
       r = 0
     else
       r = record_write(k, ARGV[a - 1], 'r')
@@ -305,31 +387,42 @@ while a <= nargv do
   elseif code == 'le' then
     local value, ttl = ARGV[a + 1], ARGV[a + 2]
     a, ki = a + 3, ki + 1
-    if redis.call('GET', k) ~= value then
+    local v, e = get(k)
+    if e then
+      r = e
+    elseif v ~= value then
       r = 0
     else
-      r = redis.call('PEXPIRE', k, ttl)
+      r = redis.pcall('PEXPIRE', k, ttl)
     end
   elseif code == 're' then
     local owner, lease = ARGV[a + 1], ARGV[a + 2]
     a, ki = a + 3, ki + 1
-    if redis.call('GET', k) ~= 'p' .. owner then
+    local v, e = get(k)
+    if e then
+      r = e
+    elseif v ~= 'p' .. owner then
       r = 0
     else
-      r = redis.call('PEXPIRE', k, lease)
+      r = redis.pcall('PEXPIRE', k, lease)
     end
   elseif code == 'lt' then
     a, ki = a + 2, ki + 1
-    if redis.call('GET', k) == ARGV[a - 1] then
-      r = redis.call('PTTL', k)
+    local v, e = get(k)
+    if e then
+      r = e
+    elseif v == ARGV[a - 1] then
+      r = redis.pcall('PTTL', k)
     else
       r = -3
     end
   elseif code == 'rx' then
     local s = ARGV[a + 1]
     a, ki = a + 2, ki + 1
-    local v = redis.call('GET', k)
-    if not names[s] then
+    local v, e = get(k)
+    if e then
+      r = e
+    elseif not names[s] then
       r = redis.error_reply('ERR idem: only a completed or failed record can be forgotten')
     elseif not v or string.sub(v, 1, 1) ~= s then
       r = 0

@@ -201,9 +201,39 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	if len(calls) == 1 {
 		keys, args := gather(ops, calls[0])
 		v, err := opsScript.Run(ctx, r.rdb, keys, args...).Slice() // EVALSHA, EVAL on NOSCRIPT
+		if forbidden(err, calls[0]) {
+			r.sendAlone(ctx, ops, calls[0], replies, errs)
+			return replies, errs
+		}
 		deliver(replies, errs, calls[0], v, err)
 		return replies, errs
 	}
+	r.sendCalls(ctx, ops, calls, replies, errs)
+	return replies, errs
+}
+
+// forbidden reports whether the call of ops idx was refused whole by the
+// ACL, before its script ran: Redis checks every key of KEYS first, so one
+// forbidden key refuses the call with NOPERM, nothing written (ops.lua
+// itself never raises an error: its refusals are per operation).
+func forbidden(err error, idx []int) bool {
+	var rerr redis.Error
+	return len(idx) > 1 && errors.As(err, &rerr) && strings.HasPrefix(err.Error(), "NOPERM")
+}
+
+// sendAlone sends each operation of ops idx as a call of its own, in one
+// pipeline in their order, so that only the forbidden ones fail.
+func (r *Runner) sendAlone(ctx context.Context, ops []*Op, idx []int, replies []any, errs []error) {
+	calls := make([][]int, len(idx))
+	for j, i := range idx {
+		calls[j] = []int{i}
+	}
+	r.sendCalls(ctx, ops, calls, replies, errs)
+}
+
+// sendCalls runs the script calls of ops, one per calls element, in one
+// pipeline, and sets each operation's reply and error.
+func (r *Runner) sendCalls(ctx context.Context, ops []*Op, calls [][]int, replies []any, errs []error) {
 	type sent struct {
 		idx  []int
 		keys []string
@@ -238,9 +268,12 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	}
 	for _, s := range sends {
 		v, err := s.cmd.Slice()
+		if forbidden(err, s.idx) {
+			r.sendAlone(ctx, ops, s.idx, replies, errs)
+			continue
+		}
 		deliver(replies, errs, s.idx, v, err)
 	}
-	return replies, errs
 }
 
 // plan returns the script calls of ops (Send), each as the indexes of its

@@ -315,3 +315,68 @@ func TestToken(t *testing.T) {
 		seen[k] = true
 	}
 }
+
+// A key that holds another type fails its own operation only: the other
+// operations of the same script call apply, and the failed ones write
+// nothing. A fused begin takes both its lock and its record.
+func TestOps_wrongTypeIsPerOperation(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	ctx := t.Context()
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	for _, k := range []string{"list:lock", "list:rec", "list:rec2"} {
+		shared.RPush(ctx, prefix+k, "x")
+	}
+	r := newRunner(shared)
+	ops := []*Op{
+		LockBegin(prefix+"ok:lock", "t1", time.Minute, prefix+"ok:rec", "o1", time.Minute),
+		LockBegin(prefix+"list:lock", "t2", time.Minute, prefix+"no:rec", "o2", time.Minute),
+		LockBegin(prefix+"no:lock", "t3", time.Minute, prefix+"list:rec", "o3", time.Minute),
+		RecordBegin(prefix+"list:rec2", "o4", time.Minute),
+		LockAcquire(prefix+"ok:lock2", "t5", time.Minute),
+	}
+	if calls := plan(ops); len(calls) != 1 {
+		t.Fatalf("plan: %d calls; want one", len(calls))
+	}
+	replies, errs := r.Send(ctx, ops)
+	for i := 1; i <= 3; i++ {
+		if errs[i] == nil || !strings.Contains(errs[i].Error(), "WRONGTYPE") {
+			t.Errorf("op %d on a list: %v, %v; want WRONGTYPE", i, replies[i], errs[i])
+		}
+	}
+	for _, k := range []string{"no:rec", "no:lock"} {
+		if shared.Exists(ctx, prefix+k).Val() != 0 {
+			t.Errorf("a failed fused begin wrote %s", k)
+		}
+	}
+	s, err := Strings(replies[0], 4)
+	if errs[0] != nil || err != nil || s[0] != "started" || s[1] != "o1" {
+		t.Fatalf("fused begin: %v, %v; want started", replies[0], errs[0])
+	}
+	if v := shared.Get(ctx, prefix+"ok:lock").Val(); v != LockValue(s[3], "t1") {
+		t.Errorf("lock after a fused begin: %q; want %q", v, LockValue(s[3], "t1"))
+	}
+	if v := shared.Get(ctx, prefix+"ok:rec").Val(); v != "po1" {
+		t.Errorf("record after a fused begin: %q; want po1", v)
+	}
+	if f, ok := replies[4].(string); errs[4] != nil || !ok || shared.Get(ctx, prefix+"ok:lock2").Val() != LockValue(f, "t5") {
+		t.Errorf("acquire beside failed operations: %v, %v", replies[4], errs[4])
+	}
+	// The finishes of one call, with one record now a list.
+	shared.Del(ctx, prefix+"ok:rec")
+	shared.RPush(ctx, prefix+"ok:rec", "x")
+	replies, errs = r.Send(ctx, []*Op{
+		FinishRelease(prefix+"ok:lock", LockValue(s[3], "t1"), time.Minute, prefix+"ok:rec", "c", "o1", []byte("r"), time.Minute),
+		LockRelease(prefix+"ok:lock2", shared.Get(ctx, prefix+"ok:lock2").Val(), time.Minute),
+	})
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "WRONGTYPE") {
+		t.Errorf("finish of a list record: %v, %v; want WRONGTYPE", replies[0], errs[0])
+	}
+	if v := shared.Get(ctx, prefix+"ok:lock").Val(); v != LockValue(s[3], "t1") {
+		t.Errorf("lock of a failed finish: %q; want it still held", v)
+	}
+	if errs[1] != nil || replies[1] != int64(1) || strings.Contains(shared.Get(ctx, prefix+"ok:lock2").Val(), " ") {
+		t.Errorf("release beside a failed finish: %v, %v", replies[1], errs[1])
+	}
+}
