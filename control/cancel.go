@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pelicanqueue/pelican/internal/refusal"
 	"github.com/pelicanqueue/pelican/stream"
 	"github.com/redis/go-redis/v9"
 )
@@ -14,6 +15,12 @@ var (
 	//go:embed cancel.lua
 	cancelLua    string
 	cancelScript = redis.NewScript(cancelLua)
+	// cancelRefusals are the error replies cancel.lua gives only before it
+	// writes or publishes anything (see its header). Not OOM, READONLY,
+	// MISCONF or NOREPLICAS: for a running job the script publishes the
+	// cancel message before its only write, which those refuse.
+	cancelRefusals = []string{"NOPERM ", "WRONGTYPE ", "ERR cancel.lua:", "BUSY ", "LOADING ", "MASTERDOWN ",
+		"MOVED ", "ASK ", "TRYAGAIN ", "CROSSSLOT ", "CLUSTERDOWN ", "NOSCRIPT "}
 )
 
 // Errors of [Cancel].
@@ -64,6 +71,9 @@ func Cancel(ctx context.Context, rdb redis.UniversalClient, streamName, jobID st
 	}
 	res, err := cancelScript.Run(ctx, rdb, []string{keys.Stream, keys.Delayed, stream.JobKey(keys, jobID)},
 		jobID, stream.DefaultTrackTTL.Milliseconds(), maxSameDue, keys.Control).StringSlice()
+	if err != nil && refusal.Script(err, cancelRefusals...) {
+		return "", fmt.Errorf("control: cancel job %s (nothing changed): %w", clip(jobID), err)
+	}
 	if err != nil {
 		return "", fmt.Errorf("control: cancel job %s (outcome unknown): %w", clip(jobID), err)
 	}

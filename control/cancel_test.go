@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/control"
 	"github.com/pelicanqueue/pelican/internal/poll"
@@ -248,4 +250,30 @@ func TestCancel_raceWithConsumer(t *testing.T) {
 		t.Errorf("Stats = %+v; want %d cancelled or acked, none retried or dead", st, settled)
 	}
 	t.Logf("Cancel's answer → final state: %v", count)
+}
+
+// TestCancel_refused: an error reply that cancel.lua gives before it writes
+// (WRONGTYPE: the job's index record is of another type) says "nothing
+// changed" and unwraps to the reply; a closed client says "outcome unknown".
+func TestCancel_refused(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	name := redistest.Name(t)
+	ctx := context.Background()
+	keys, _ := stream.KeysFor(name)
+	rec := stream.JobKey(keys, "j")
+	if err := rdb.HSet(ctx, rec, "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Del(context.Background(), rec) })
+	_, err := control.Cancel(ctx, rdb, name, "j")
+	var re redis.Error
+	if err == nil || !strings.Contains(err.Error(), "(nothing changed)") || !errors.As(err, &re) || !strings.HasPrefix(re.Error(), "WRONGTYPE") {
+		t.Errorf("Cancel with a hash as the record: %v; want a WRONGTYPE nothing-changed error", err)
+	}
+	closed := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
+	_ = closed.Close()
+	if _, err := control.Cancel(ctx, closed, name, "j"); err == nil || !strings.Contains(err.Error(), "(outcome unknown)") {
+		t.Errorf("Cancel on a closed client: %v; want outcome unknown", err)
+	}
 }

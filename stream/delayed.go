@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/refusal"
 )
 
 // The delayed set holds jobs that must not run before a given time: retries
@@ -27,6 +29,10 @@ var (
 
 	promoteScript  = redis.NewScript(promoteLua)
 	scheduleScript = redis.NewScript(scheduleLua)
+	// scheduleRefusals are the error replies schedule.lua gives only
+	// before its first write, the ZADD (its commands are checked first, and
+	// the marker read before): the call scheduled nothing.
+	scheduleRefusals = append([]string{"WRONGTYPE "}, refusal.Before...)
 )
 
 // EncodeDelayed encodes the entry fields (as [Encode] returns them) of a job
@@ -119,6 +125,9 @@ func (p *Producer) schedule(ctx context.Context, job *Job, mode string, ms int64
 	member := EncodeDelayed(job.ID, args.Values.([]any))
 	keys, argv := p.scheduleArgs(job, mode, ms, member)
 	v, err := scheduleScript.Run(ctx, p.rdb, keys, argv...).Slice()
+	if err != nil && refusal.Script(err, scheduleRefusals...) {
+		return fmt.Errorf("stream: schedule %s job %s (not scheduled): %w", job.Type, job.ID, err)
+	}
 	if err != nil {
 		return fmt.Errorf("stream: schedule %s job %s (outcome unknown): %w", job.Type, job.ID, err)
 	}

@@ -29,9 +29,12 @@
 -- A marker is a string "<entry id> <job id>" ("- <job id>" for a scheduled
 -- job) with the window as its time to live; a marker without a space (a
 -- plain SET by another client) is a job ID alone.
--- Every command is checked before the first write, and the first write is an
--- XADD: under maxmemory (noeviction) Redis refuses it and the script has
--- written nothing; once it has written, Redis lets it go on.
+-- Every command is checked, and every marker read, before the first write,
+-- and the first write is an XADD: under maxmemory (noeviction) Redis refuses
+-- it and the script has written nothing; once it has written, Redis lets it
+-- go on. So the script's error replies (OOM, NOPERM, WRONGTYPE: a marker or
+-- the stream of another type, "ERR enqueue.lua: ...") all come before any
+-- write (stream/once.go relies on it).
 local n = tonumber(ARGV[3])
 if not n or n < 0 or n ~= math.floor(n) then
   return redis.error_reply('ERR enqueue.lua: job count ' .. tostring(ARGV[3]) .. ' is not a count')
@@ -94,10 +97,15 @@ if redis.acl_check_cmd then
     end
   end
 end
-local out = {}
+-- Read the markers before the first write (a marker of another type fails
+-- here); set marks those this call writes, for a key twice in the batch.
+for _, j in ipairs(jobs) do
+  if j[1] > 0 then j[7] = redis.call('GET', KEYS[j[1]]) end
+end
+local set, out = {}, {}
 for i, j in ipairs(jobs) do
   local first = false
-  if j[1] > 0 then first = redis.call('GET', KEYS[j[1]]) end
+  if j[1] > 0 then first = set[KEYS[j[1]]] or j[7] end
   if first then
     local sp = string.find(first, ' ', 1, true)
     if sp then
@@ -114,7 +122,10 @@ for i, j in ipairs(jobs) do
     else
       id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, j[3], j[4]))
     end
-    if j[1] > 0 then redis.call('SET', KEYS[j[1]], id .. ' ' .. j[2], 'PX', ARGV[2]) end
+    if j[1] > 0 then
+      set[KEYS[j[1]]] = id .. ' ' .. j[2]
+      redis.call('SET', KEYS[j[1]], set[KEYS[j[1]]], 'PX', ARGV[2])
+    end
     if j[6] then redis.call('SET', j[6], rec('waiting', id, '', '', '', '')) end
     out[i] = {id, j[2], 0}
   end

@@ -8,6 +8,8 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/refusal"
 )
 
 // Enqueue once: with [ProducerConfig].EnqueueOnce, a job with an
@@ -19,6 +21,9 @@ var (
 	//go:embed enqueue.lua
 	enqueueLua    string
 	enqueueScript = redis.NewScript(enqueueLua)
+	// enqueueRefusals are the error replies enqueue.lua gives only before
+	// its first write (see its header): the call added nothing.
+	enqueueRefusals = append([]string{"WRONGTYPE ", "ERR enqueue.lua:"}, refusal.Before...)
 )
 
 // OnceBatch is the most jobs one enqueue-once script adds: a larger
@@ -57,8 +62,8 @@ func OnceKey(stream, key string) (string, error) {
 // so after the batch's XADDs, for those Redis answered NOSCRIPT: it lost
 // its script cache). It returns each job's
 // entry ID ("" for a job not added because of an error), sets the ID of
-// each duplicate to its first job's, and joins the errors, each meaning
-// "maybe enqueued" for its jobs.
+// each duplicate to its first job's, and joins the errors, each "not
+// enqueued" or "maybe enqueued" ("outcome unknown") for its jobs.
 func (p *Producer) send(ctx context.Context, jobs []*Job, all []*redis.XAddArgs) ([]string, error) {
 	type chunk struct {
 		from, to int
@@ -140,23 +145,28 @@ func (p *Producer) send(ctx context.Context, jobs []*Job, all []*redis.XAddArgs)
 
 	ids := make([]string, len(jobs))
 	errs := make([]error, len(jobs)) // in the jobs' order
-	failed := func(i int, err error) {
-		errs[i] = fmt.Errorf("stream: enqueue %s job %s (outcome unknown): %w", jobs[i].Type, jobs[i].ID, err)
+	failed := func(i int, err error, refused bool) {
+		outcome := "outcome unknown"
+		if refused {
+			outcome = "not enqueued"
+		}
+		errs[i] = fmt.Errorf("stream: enqueue %s job %s (%s): %w", jobs[i].Type, jobs[i].ID, outcome, err)
 	}
 	for i, x := range xadds {
 		if x == nil {
 			continue
 		}
 		if id, err := x.Result(); err != nil {
-			failed(i, err)
+			failed(i, err, refusal.Command(err))
 		} else {
 			ids[i] = id
 		}
 	}
 	for _, c := range chunks {
 		fail := func(err error) {
+			refused := refusal.Script(err, enqueueRefusals...)
 			for i := c.from; i < c.to; i++ {
-				failed(i, err)
+				failed(i, err, refused)
 			}
 		}
 		v, err := c.cmd.Slice()

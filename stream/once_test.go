@@ -296,8 +296,8 @@ func TestProducer_EnqueueOnce(t *testing.T) {
 		rdb.Set(ctx, name, "not a stream", 0)
 		p := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name, EnqueueOnce: time.Hour})
 		_, err := p.Enqueue(ctx, &stream.Job{Type: "t", IdempotencyKey: "k"})
-		if err == nil || !strings.Contains(err.Error(), "outcome unknown") || !strings.Contains(err.Error(), "WRONGTYPE") {
-			t.Errorf("Enqueue to a string key: %v; want a WRONGTYPE outcome-unknown error", err)
+		if err == nil || !strings.Contains(err.Error(), "(not enqueued)") || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Errorf("Enqueue to a string key: %v; want a WRONGTYPE not-enqueued error", err)
 		}
 		marker, _ := stream.OnceKey(name, "k")
 		if rdb.Exists(ctx, marker).Val() != 0 {

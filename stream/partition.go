@@ -44,7 +44,7 @@ const maxSuffix = 1 << 22
 // [KeysFor] of each name gives the partition's own dead letters, delayed
 // set, locks and idempotency records ({orders~12~0~43}:dlq, ...).
 //
-// queue must be non-empty, without '{' or '}', and n between 1 and
+// queue must be non-empty, without '{', '}' or '~', and n between 1 and
 // [MaxPartitions].
 func Partitions(queue string, n int) ([]string, error) {
 	if err := checkPartitioned(queue, n); err != nil {
@@ -93,13 +93,12 @@ func ParsePartition(name string) (queue string, n, i int, ok bool) {
 		return "", 0, 0, false
 	}
 	parts := strings.Split(name[1:len(name)-1], "~")
-	if len(parts) < 4 {
+	if len(parts) != 4 { // a queue name has no '~'
 		return "", 0, 0, false
 	}
-	l := len(parts)
-	n, err1 := strconv.Atoi(parts[l-3])
-	i, err2 := strconv.Atoi(parts[l-2])
-	queue = strings.Join(parts[:l-3], "~")
+	n, err1 := strconv.Atoi(parts[1])
+	i, err2 := strconv.Atoi(parts[2])
+	queue = parts[0]
 	if err1 != nil || err2 != nil || queue == "" {
 		return "", 0, 0, false
 	}
@@ -116,6 +115,9 @@ func checkPartitioned(queue string, n int) error {
 	}
 	if strings.ContainsAny(queue, "{}") {
 		return fmt.Errorf("stream: queue name %.64q must not contain braces: each partition has a hash tag of its own", queue)
+	}
+	if strings.Contains(queue, "~") {
+		return fmt.Errorf("stream: queue name %.64q must not contain '~': it separates the parts of a partition's name, and the ACL pattern ~{<queue>~* of one queue would cover another's keys", queue)
 	}
 
 	if n < 1 || n > MaxPartitions {
@@ -157,7 +159,8 @@ type PartitionedProducerConfig struct {
 	// empty (each partition's stream is set from Queue). Defaults to the
 	// zero ProducerConfig.
 	Producer ProducerConfig
-	// Queue is the logical queue's name: non-empty, without braces. Required.
+	// Queue is the logical queue's name: non-empty, without braces or '~'.
+	// Required.
 	Queue string
 }
 

@@ -66,7 +66,7 @@ func TestPartitions_docVectors(t *testing.T) {
 func TestPartitions_spread(t *testing.T) {
 	t.Parallel()
 	for _, n := range []int{1, 2, 3, 7, 12, 16, 100, stream.MaxPartitions} {
-		for _, q := range []string{"orders", "a", "shop:orders~x"} {
+		for _, q := range []string{"orders", "a", "shop:orders x"} {
 			if n == stream.MaxPartitions && q != "orders" {
 				continue // a second each under -race
 			}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/refusal"
 )
 
 // ProducerConfig configures a [Producer].
@@ -67,8 +69,11 @@ type ProducerConfig struct {
 //
 // An XADD whose reply was lost (a timeout, a dropped connection) may still
 // have been applied: its outcome is unknown, and go-redis itself retries such
-// commands. Enqueue then returns an error although the job may be in the
-// stream: every error means "maybe enqueued".
+// commands. Enqueue then returns an error that says "(outcome unknown)"
+// although the job may be in the stream: it means "maybe enqueued". An
+// error reply that Redis gives before the write runs (OOM under maxmemory,
+// NOPERM, WRONGTYPE, READONLY, ...) says "(not enqueued)" instead: the job
+// is not in the stream. Both wrap the go-redis error, for errors.Is/As.
 //
 // Without [ProducerConfig].EnqueueOnce, enqueueing again (or go-redis's own
 // retry) may then add the job twice; give jobs an IdempotencyKey so that
@@ -145,6 +150,9 @@ func (p *Producer) Enqueue(ctx context.Context, job *Job) (string, error) {
 		return ids[0], err
 	}
 	id, err := p.rdb.XAdd(ctx, args).Result()
+	if err != nil && refusal.Command(err) {
+		return "", fmt.Errorf("stream: enqueue %s job %s (not enqueued): %w", job.Type, job.ID, err)
+	}
 	if err != nil {
 		return "", fmt.Errorf("stream: enqueue %s job %s (outcome unknown): %w", job.Type, job.ID, err)
 	}

@@ -200,7 +200,7 @@ func TestProducer_Enqueue(t *testing.T) {
 		}
 	})
 
-	t.Run("RedisErrorOutcomeUnknown", func(t *testing.T) {
+	t.Run("RedisErrorNotEnqueued", func(t *testing.T) {
 		t.Parallel()
 		p, b := setupProducer(t, stream.ProducerConfig{})
 
@@ -210,7 +210,7 @@ func TestProducer_Enqueue(t *testing.T) {
 		if err == nil {
 			t.Fatal("Enqueue succeeded while Redis fails every command")
 		}
-		for _, want := range []string{"outcome unknown", "j1", "injected"} {
+		for _, want := range []string{"(not enqueued)", "j1", "injected"} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("error %q does not contain %q", err, want)
 			}
@@ -367,8 +367,8 @@ func TestProducer_EnqueueBatch(t *testing.T) {
 			t.Fatalf("error %v does not join three per-job errors", err)
 		}
 		for i, e := range joined.Unwrap() {
-			if !strings.Contains(e.Error(), jobs[i].ID) || !strings.Contains(e.Error(), "outcome unknown") {
-				t.Errorf("error %d = %q; want job %s and \"outcome unknown\"", i, e, jobs[i].ID)
+			if !strings.Contains(e.Error(), jobs[i].ID) || !strings.Contains(e.Error(), "(not enqueued)") {
+				t.Errorf("error %d = %q; want job %s and \"(not enqueued)\"", i, e, jobs[i].ID)
 			}
 		}
 	})

@@ -32,6 +32,7 @@ type webFlags struct {
 	allowActions bool
 	traceURL     string
 	stuckAfter   time.Duration
+	partitions   int
 }
 
 func newWebCmd(a *app) *cobra.Command {
@@ -52,7 +53,11 @@ Auth comes from the environment, never from flags:
   ` + envWebUser + ` and ` + envWebPassword + `   basic auth
 With both set, either is accepted. It listens on 127.0.0.1:8080 by default;
 a --listen address that is not loopback is refused unless auth is set.
-Serve it behind TLS (a reverse proxy) when it leaves the machine.`,
+Serve it behind TLS (a reverse proxy) when it leaves the machine.
+
+A partitioned queue (stream.Partitions): --partitions N makes every stream
+argument the name of a queue of N partitions, and the dashboard shows its
+partitions' streams (pelican web orders --partitions 12).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			auth, err := webAuthFromEnv()
 			if err != nil {
@@ -61,7 +66,21 @@ Serve it behind TLS (a reverse proxy) when it leaves the machine.`,
 			if err := checkListen(f.listen, auth != nil); err != nil {
 				return err
 			}
-			cfg := dashboard.Config{ReadOnly: !f.allowActions, Streams: args, TraceURL: f.traceURL, StuckAfter: f.stuckAfter}
+			streams := args
+			if f.partitions != 0 {
+				if len(args) == 0 {
+					return fail(exitUsage, "--partitions needs the queues' names")
+				}
+				refs, err := partitionedRefs(args, f.partitions)
+				if err != nil {
+					return err
+				}
+				streams = nil
+				for _, r := range refs {
+					streams = append(streams, r.partitions...)
+				}
+			}
+			cfg := dashboard.Config{ReadOnly: !f.allowActions, Streams: streams, TraceURL: f.traceURL, StuckAfter: f.stuckAfter}
 			if err := cfg.Validate(); err != nil {
 				return fail(exitUsage, "%v", err)
 			}
@@ -75,6 +94,7 @@ Serve it behind TLS (a reverse proxy) when it leaves the machine.`,
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to listen on (host:port); not loopback only with auth")
 	fl.BoolVar(&f.allowActions, "allow-actions", false, "allow replay, purge, delete and run-now (default: read-only)")
 	fl.StringVar(&f.traceURL, "trace-url", "", "link trace IDs to this URL, {trace_id} replaced (e.g. http://jaeger:16686/trace/{trace_id})")
+	fl.IntVar(&f.partitions, "partitions", 0, "each stream argument names a partitioned queue of this many partitions")
 	fl.DurationVar(&f.stuckAfter, "stuck-after", dashboard.DefaultStuckAfter, "list entries pending longer than this as stuck")
 	return cmd
 }

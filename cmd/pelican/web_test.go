@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"html"
 	"io"
 	"net/http"
 	"net/url"
@@ -12,6 +13,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/stream"
 )
 
 // startWeb runs pelican web with args and env on a free port and returns
@@ -139,5 +144,33 @@ func TestWeb_auth(t *testing.T) {
 	res.Body.Close()
 	if !strings.HasPrefix(res.Header.Get("WWW-Authenticate"), "Basic ") {
 		t.Errorf("401 without a basic challenge: %q", res.Header.Get("WWW-Authenticate"))
+	}
+}
+
+// TestWeb_partitions: --partitions N serves the N partition streams of each
+// queue named, and is a usage error without a name or with a bad one.
+func TestWeb_partitions(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"web", "--partitions", "3"}, {"web", "--partitions", "3", "a~b"}, {"web", "--partitions", "2000", "q"}} {
+		if _, stderr, code := runCLI(t, []string{"REDIS_URL=redis://127.0.0.1:1/0"}, "", args...); code != exitUsage {
+			t.Errorf("%v: exit %d (%s), want %d", args, code, stderr, exitUsage)
+		}
+	}
+	q := setupQueue(t)
+	parts, err := stream.Partitions(q.name, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		if err := q.rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: p, Values: []any{"type", "t"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { q.rdb.Del(context.Background(), p) })
+	}
+	base := startWeb(t, nil, "--partitions", "3", q.name)
+	for _, p := range parts {
+		if code, body := webGet(t, base+"/queues/"+url.PathEscape(p)); code != 200 || !strings.Contains(body, html.EscapeString(p)) {
+			t.Errorf("page of partition %s: %d, names it: %v", p, code, strings.Contains(body, html.EscapeString(p)))
+		}
 	}
 }

@@ -131,7 +131,7 @@ func a16Setup(t *testing.T) (*redistest.Server, *redis.Client, string, []string)
 	rdb := srv.Client(t)
 	ctx := context.Background()
 	const n = 6
-	queue := "a16q~x:" + strconv.FormatInt(time.Now().UnixNano()%1e6, 10) // a '~' in the name
+	queue := "a16q.x:" + strconv.FormatInt(time.Now().UnixNano()%1e6, 10) // a "." and a ":" in the name
 	p, err := stream.NewPartitionedProducer(rdb, stream.PartitionedProducerConfig{Queue: queue, Partitions: n, Key: byID})
 	if err != nil {
 		t.Fatal(err)

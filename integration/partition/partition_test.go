@@ -309,7 +309,10 @@ func enqueue(ctx context.Context, p *stream.PartitionedProducer, prefix string, 
 		ids, err := p.EnqueueBatch(ctx, jobs)
 		if err != nil {
 			for _, line := range strings.Split(err.Error(), "\n") {
-				_, kind, _ := strings.Cut(line, "(outcome unknown): ")
+				_, kind, ok := strings.Cut(line, "(outcome unknown): ")
+				if !ok {
+					_, kind, _ = strings.Cut(line, "(not enqueued): ")
+				}
 				if len(kind) > 40 {
 					kind = kind[:40]
 				}

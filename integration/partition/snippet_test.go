@@ -47,7 +47,7 @@ func TestPartition_pythonSnippet(t *testing.T) {
 		Queue string
 		N     int
 	}
-	layouts := []layout{{"orders", 1}, {"orders", 12}, {"a", 3}, {"shop:orders~x", 7}, {"café", 100}}
+	layouts := []layout{{"orders", 1}, {"orders", 12}, {"a", 3}, {"shop:orders x", 7}, {"café", 100}}
 	keys := []string{"", "customer-42", "invoice-1042", "a", "café", "🦤", strings.Repeat("k", 1000)}
 	in, _ := json.Marshal(map[string]any{"layouts": layouts, "keys": keys})
 	prog := `
