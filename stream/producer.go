@@ -72,8 +72,13 @@ type ProducerConfig struct {
 // commands. Enqueue then returns an error that says "(outcome unknown)"
 // although the job may be in the stream: it means "maybe enqueued". An
 // error reply that Redis gives before the write runs (OOM under maxmemory,
-// NOPERM, WRONGTYPE, READONLY, ...) says "(not enqueued)" instead: the job
-// is not in the stream. Both wrap the go-redis error, for errors.Is/As.
+// NOPERM, WRONGTYPE, READONLY, ...) says "(not enqueued)" instead: Redis
+// refused the last attempt, which wrote nothing. It is exact when go-redis
+// made one attempt; after a lost reply go-redis sends the command again
+// (redis.Options.MaxRetries, 3 by default), and an earlier attempt may have
+// added the job before the retry was refused: with MaxRetries -1 on the
+// producer's client, "(not enqueued)" always means not in the stream. Both
+// wrap the go-redis error, for errors.Is/As.
 //
 // Without [ProducerConfig].EnqueueOnce, enqueueing again (or go-redis's own
 // retry) may then add the job twice; give jobs an IdempotencyKey so that
