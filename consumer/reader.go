@@ -32,6 +32,10 @@ type blockingReader struct {
 	// direct: conn was dropped because the server has no CLIENT ID; reads
 	// go through rdb and cannot be interrupted.
 	direct atomic.Bool
+	// full: the last read returned as many entries as it asked for, so a
+	// backlog is likely there and the next read is a raw one (rawread.go).
+	// Used by the reading goroutine only.
+	full bool
 }
 
 func newBlockingReader(rdb redis.UniversalClient) *blockingReader {
@@ -88,12 +92,48 @@ func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) (
 	if r.conn == nil {
 		return r.rdb.XReadGroup(ctx, args).Result()
 	}
+	if r.full && !args.NoAck && args.Claim == 0 {
+		// A backlog is likely there: read without BLOCK and parse the reply
+		// here (rawread.go); none there after all, block as usual below.
+		r.full = false
+		raw, err := r.conn.DoRaw(ctx, rawArgs(args)...).Result()
+		var res []redis.XStream
+		if err == nil {
+			res, err = parseXRead(raw)
+		}
+		if err == nil {
+			r.full = isFull(res, args.Count)
+			return res, nil
+		}
+		if !errors.Is(err, redis.Nil) {
+			r.failed(err)
+			return nil, err
+		}
+	}
 	res, err := r.conn.XReadGroup(ctx, args).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		r.id.Store(0) // the connection may be replaced: ask again
-		r.renew(err)
+		r.failed(err)
 	}
+	r.full = err == nil && isFull(res, args.Count)
 	return res, err
+}
+
+// failed handles a read's error on the reader's connection: after a
+// failed connection (or a reply it could not parse) it takes a new one.
+func (r *blockingReader) failed(err error) {
+	r.id.Store(0) // the connection may be replaced: ask again
+	r.renew(err)
+}
+
+// isFull reports whether a read of up to count entries a stream got that
+// many for one of its streams.
+func isFull(res []redis.XStream, count int64) bool {
+	for _, x := range res {
+		if count > 0 && int64(len(x.Messages)) >= count {
+			return true
+		}
+	}
+	return false
 }
 
 // interrupt ends a blocked read, if there is one, with CLIENT UNBLOCK.

@@ -15,6 +15,7 @@ package integration
 // the consumer holds.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -81,13 +82,19 @@ func (r *attack23Reads) see(cmd redis.Cmder, before int) {
 			count, _ = strconv.Atoi(fmt.Sprint(args[i+1]))
 		}
 	}
-	xs, ok := cmd.(*redis.XStreamSliceCmd)
-	if !fresh || !ok || cmd.Err() != nil {
+	if !fresh || cmd.Err() != nil {
 		return
 	}
 	n := 0
-	for _, s := range xs.Val() {
-		n += len(s.Messages)
+	switch xs := cmd.(type) {
+	case *redis.XStreamSliceCmd:
+		for _, s := range xs.Val() {
+			n += len(s.Messages)
+		}
+	case *redis.RawCmd: // a backlog's read, parsed by the consumer
+		n = rawEntries(xs.Val())
+	default:
+		return
 	}
 	if n == 0 {
 		return
@@ -100,6 +107,32 @@ func (r *attack23Reads) see(cmd redis.Cmder, before int) {
 	r.counts = append(r.counts, count)
 	r.before = append(r.before, before)
 	r.mu.Unlock()
+}
+
+// rawEntries returns the entry count of a one-stream XREADGROUP reply in
+// raw RESP2 or RESP3 (0 for a nil or anything else).
+func rawEntries(b []byte) int {
+	line := func() string {
+		i := bytes.Index(b, []byte("\r\n"))
+		if i < 0 {
+			return ""
+		}
+		l := string(b[:i])
+		b = b[i+2:]
+		return l
+	}
+	if top := line(); top != "*1" && top != "%1" {
+		return 0
+	} else if top == "*1" {
+		line() // *2
+	}
+	size, err := strconv.Atoi(strings.TrimPrefix(line(), "$"))
+	if err != nil || size+2 > len(b) {
+		return 0
+	}
+	b = b[size+2:]
+	n, _ := strconv.Atoi(strings.TrimPrefix(line(), "*"))
+	return n
 }
 
 func (r *attack23Reads) snapshot() (sizes, held, counts []int) {

@@ -1,0 +1,107 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/redistest"
+	"github.com/pelicanqueue/pelican/stream"
+	"github.com/redis/go-redis/v9"
+)
+
+// rawReads counts the XREADGROUPs sent without BLOCK: the reads of a
+// backlog, whose replies the consumer parses itself.
+type rawReads struct{ n atomic.Int64 }
+
+func (h *rawReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *rawReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *rawReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.EqualFold(cmd.Name(), "xreadgroup") && !strings.Contains(strings.ToLower(fmt.Sprint(cmd.Args())), " block ") {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A backlog is read without BLOCK and its reply parsed by the consumer
+// (consumer/rawread.go), on RESP2 and RESP3: every job must come out as
+// written, whatever bytes its fields hold, with duplicate field names (the
+// last one counts) and with a hostile entry among them dead-lettered as
+// malformed, as the typed read does.
+func TestRawRead_backlogDecodesAsWritten(t *testing.T) {
+	t.Parallel()
+	for _, proto := range []int{2, 3} {
+		t.Run(fmt.Sprintf("resp%d", proto), func(t *testing.T) {
+			t.Parallel()
+			opt := *redistest.Shared(t).Options()
+			opt.Protocol = proto
+			rdb := redis.NewClient(&opt)
+			t.Cleanup(func() { rdb.Close() })
+			hook := &rawReads{}
+			rdb.AddHook(hook)
+			ctx := context.Background()
+			q := redistest.Name(t)
+			keys, _ := stream.KeysFor(q)
+			t.Cleanup(func() { rdb.Del(context.Background(), q, keys.Dead, keys.Delayed) })
+
+			const n = 300
+			want := map[string]string{} // job ID: payload
+			for i := range n {
+				id := fmt.Sprintf("j%d", i)
+				payload := fmt.Sprintf("\x00\r\n%d\xff$*-1\r\n", i)
+				fields := []string{"type", "first", "v", "1", "type", "t", "job_id", id, "payload", payload, "h.bin", "\r\n\x00"}
+				if i == n/2 {
+					fields = []string{"type", "t", "job_id", id, "attempt", "-1"} // malformed
+				} else {
+					want[id] = payload
+				}
+				rawXADD(t, rdb, q, "*", fields...)
+			}
+			var mu sync.Mutex
+			got := map[string]string{}
+			var bad []string
+			c := consumer.New(rdb, consumer.Config{Stream: q, Group: "g", Consumer: "c", Concurrency: 2,
+				Logger: slog.New(slog.DiscardHandler)}).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if j.Type != "t" || j.Headers["bin"] != "\r\n\x00" {
+					bad = append(bad, fmt.Sprintf("%s: type %q headers %q", j.ID, j.Type, j.Headers))
+				}
+				got[j.ID] = string(j.Payload)
+				return nil
+			}))
+			done := make(chan error, 1)
+			go func() { done <- c.Run(context.Background()) }()
+			eventually(t, 60*time.Second, func() (bool, string) {
+				mu.Lock()
+				defer mu.Unlock()
+				dead, _ := rdb.XLen(ctx, keys.Dead).Result()
+				return len(got) == len(want) && dead == 1, fmt.Sprintf("%d of %d jobs ran, %d dead", len(got), len(want), dead)
+			})
+			if err := c.Shutdown(context.Background()); err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+			<-done
+			if !maps.Equal(got, want) {
+				t.Errorf("jobs ran with other payloads than written (%d vs %d)", len(got), len(want))
+			}
+			if len(bad) > 0 {
+				t.Errorf("jobs decoded wrong: %v", bad[:min(len(bad), 3)])
+			}
+			if hook.n.Load() == 0 {
+				t.Errorf("no read of the backlog went without BLOCK: the raw read was not exercised")
+			}
+		})
+	}
+}
