@@ -71,15 +71,42 @@ const postTimeout = 5 * time.Second
 // ends while its operation waits in the queue withdraws it and returns
 // ctx's error; once sent, Do waits for the reply.
 func (r *Runner) Do(ctx context.Context, op *Op) (any, error) {
+	return r.do(ctx, op, ctx.Done(), 0)
+}
+
+// Settle sends op as Do does, for a caller that must not give up when ctx
+// ends (a settlement after the handler returned): it keeps ctx's values,
+// not its cancellation, and withdraws op, returning
+// context.DeadlineExceeded, if it waited in the queue for within. It makes
+// no context, and a timer only when op has to wait.
+func (r *Runner) Settle(ctx context.Context, op *Op, within time.Duration) (any, error) {
+	return r.do(ctx, op, nil, within)
+}
+
+// do is Do, withdrawing op from the queue when cancelled is closed (with ctx's
+// cause) or, for within > 0, after within (context.DeadlineExceeded).
+func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, within time.Duration) (any, error) {
 	c := &call{op: op}
 	r.mu.Lock()
 	if r.busy {
 		c.wake = make(chan struct{}, 1)
 		r.queue = append(r.queue, c)
 		r.mu.Unlock()
+		var timeout <-chan time.Time
+		if within > 0 {
+			t := time.NewTimer(within)
+			defer t.Stop()
+			timeout = t.C
+		}
+		var gaveUp error
 		select {
 		case <-c.wake:
-		case <-ctx.Done():
+		case <-cancelled:
+			gaveUp = context.Cause(ctx)
+		case <-timeout:
+			gaveUp = context.DeadlineExceeded
+		}
+		if gaveUp != nil {
 			r.mu.Lock()
 			if c.state == queued {
 				for i, q := range r.queue {
@@ -89,7 +116,7 @@ func (r *Runner) Do(ctx context.Context, op *Op) (any, error) {
 					}
 				}
 				r.mu.Unlock()
-				return nil, context.Cause(ctx)
+				return nil, gaveUp
 			}
 			r.mu.Unlock()
 			<-c.wake
@@ -199,48 +226,75 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	}
 	calls := plan(ops)
 	if len(calls) == 1 {
-		keys, args := gather(ops, calls[0])
-		v, err := opsScript.Run(ctx, r.rdb, keys, args...).Slice() // EVALSHA, EVAL on NOSCRIPT
+		args := gather(ops, calls[0])
+		cmd := scriptCmd(ctx, args, false)
+		_ = r.rdb.Process(ctx, cmd)
+		if noScript(cmd.Err()) {
+			cmd = scriptCmd(ctx, args, true)
+			_ = r.rdb.Process(ctx, cmd)
+		}
+		v, err := cmd.Slice()
 		deliver(replies, errs, calls[0], v, err)
 		return replies, errs
 	}
 	type sent struct {
 		idx  []int
-		keys []string
 		args []any
 		cmd  *redis.Cmd
 	}
-	sends := make([]*sent, len(calls))
-	for i, idx := range calls {
-		s := &sent{idx: idx}
-		s.keys, s.args = gather(ops, idx)
-		sends[i] = s
-	}
+	sends := make([]sent, len(calls))
 	pipe := r.rdb.Pipeline()
-	for _, s := range sends {
-		s.cmd = opsScript.EvalSha(ctx, pipe, s.keys, s.args...)
+	for i, idx := range calls {
+		s := &sends[i]
+		s.idx, s.args = idx, gather(ops, idx)
+		s.cmd = scriptCmd(ctx, s.args, false)
+		_ = pipe.Process(ctx, s.cmd)
 	}
 	_, _ = pipe.Exec(ctx)
 	// The script is not cached on some node (a restart): send those calls
 	// again with the script, only those (the others ran).
-	var again []*sent
-	for _, s := range sends {
-		if err := s.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			again = append(again, s)
+	var again redis.Pipeliner
+	for i := range sends {
+		if s := &sends[i]; noScript(s.cmd.Err()) {
+			if again == nil {
+				again = r.rdb.Pipeline()
+			}
+			s.cmd = scriptCmd(ctx, s.args, true)
+			_ = again.Process(ctx, s.cmd)
 		}
 	}
-	if len(again) > 0 {
-		pipe := r.rdb.Pipeline()
-		for _, s := range again {
-			s.cmd = opsScript.Eval(ctx, pipe, s.keys, s.args...)
-		}
-		_, _ = pipe.Exec(ctx)
+	if again != nil {
+		_, _ = again.Exec(ctx)
 	}
 	for _, s := range sends {
 		v, err := s.cmd.Slice()
 		deliver(replies, errs, s.idx, v, err)
 	}
 	return replies, errs
+}
+
+// Boxed once: the script's digest and source, as command arguments.
+var (
+	shaArg any = opsScript.Hash()
+	srcArg any = opsLua
+)
+
+// scriptCmd returns the command that runs ops.lua with args (from
+// gather): EVALSHA, or EVAL with the script's source.
+func scriptCmd(ctx context.Context, args []any, eval bool) *redis.Cmd {
+	if eval {
+		args[0], args[1] = "eval", srcArg
+	} else {
+		args[0], args[1] = "evalsha", shaArg
+	}
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
+// noScript reports whether err says that Redis does not have the script.
+func noScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
 // plan returns the script calls of ops (Send), each as the indexes of its
@@ -303,18 +357,25 @@ func shares(op *Op, ops []*Op, idx []int) bool {
 	return false
 }
 
-// gather returns the keys and arguments of the script call of ops idx.
-func gather(ops []*Op, idx []int) ([]string, []any) {
+// gather returns the arguments of the script call of ops idx: two slots
+// for the command and the script (scriptCmd), the number of keys, the
+// operations' keys, then their arguments.
+func gather(ops []*Op, idx []int) []any {
 	nk, na := 0, 0
 	for _, i := range idx {
 		nk, na = nk+ops[i].nkeys, na+ops[i].nargs
 	}
-	keys, args := make([]string, 0, nk), make([]any, 0, na)
+	args := make([]any, 3, 3+nk+na)
+	args[2] = nk
 	for _, i := range idx {
-		keys = append(keys, ops[i].keys()...)
+		for _, k := range ops[i].keys() {
+			args = append(args, k)
+		}
+	}
+	for _, i := range idx {
 		args = append(args, ops[i].args()...)
 	}
-	return keys, args
+	return args
 }
 
 // deliver sets the replies and errors of ops idx from the reply v (or

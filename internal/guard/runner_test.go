@@ -234,8 +234,9 @@ func TestOps_takeAfterOtherRefused(t *testing.T) {
 	prefix := "{" + redistest.Prefix(t, shared) + "}:"
 	defer redistest.DeleteKeys(shared, prefix+"*")
 	ops := []*Op{RecordRelease(prefix+"r", "o"), LockAcquire(prefix+"k", "t", time.Minute)}
-	keys, args := gather(ops, []int{0, 1})
-	err := opsScript.Run(t.Context(), shared, keys, args...).Err()
+	cmd := scriptCmd(t.Context(), gather(ops, []int{0, 1}), true)
+	_ = shared.Process(t.Context(), cmd)
+	err := cmd.Err()
 	if err == nil || !strings.Contains(err.Error(), "a take after another operation") {
 		t.Fatalf("take after a release: %v; want the call refused", err)
 	}
@@ -313,5 +314,55 @@ func TestToken(t *testing.T) {
 			t.Fatalf("token %q: want 32 hex characters, not seen before", k)
 		}
 		seen[k] = true
+	}
+}
+
+// Settle ignores its context's cancellation, queued or not, and withdraws
+// an operation only after waiting within in the queue: a settlement after
+// the handler returned is sent even when the job's context has ended.
+func TestRunner_Settle_ignoresCancelBoundsWait(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(rdb)
+	ended, cancel := context.WithCancel(t.Context())
+	cancel()
+	// Not queued: sent at once despite the ended context.
+	if v, err := r.Settle(ended, RecordBegin(prefix+"a", "o", time.Minute), time.Minute); err != nil {
+		t.Fatalf("settle with an ended context: %v, %v; want it sent", v, err)
+	}
+	g := &gate{release: make(chan struct{})}
+	rdb.AddHook(g)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = r.Do(t.Context(), LockAcquire(prefix+"first", "t", time.Minute)) })
+	for g.calls.Load() == 0 { // the first caller is sending, held
+		time.Sleep(time.Millisecond)
+	}
+	// Queued behind the held call: withdrawn after within, not before.
+	if _, err := r.Settle(ended, RecordRelease(prefix+"a", "o"), time.Millisecond); err != context.DeadlineExceeded {
+		t.Fatalf("settle queued past within: %v; want context.DeadlineExceeded", err)
+	}
+	var v any
+	var err error
+	wg.Go(func() { v, err = r.Settle(ended, RecordRelease(prefix+"a", "o"), time.Hour) })
+	for {
+		r.mu.Lock()
+		q := len(r.queue)
+		r.mu.Unlock()
+		if q == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(g.release)
+	wg.Wait()
+	if err != nil || v != int64(1) {
+		t.Fatalf("settle queued with an ended context: %v, %v; want the release applied (1)", v, err)
 	}
 }
