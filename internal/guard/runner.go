@@ -31,7 +31,7 @@ var runners sync.Map // redis.UniversalClient -> *Runner
 
 // Of returns the Runner of rdb, the same for every caller, so that locks
 // and records of one client share batches and one watchdog. A Runner has
-// no goroutine while it has nothing to renew.
+// no goroutine once it has had nothing to renew for idleGrace.
 func Of(rdb redis.UniversalClient) *Runner {
 	if r, ok := runners.Load(rdb); ok {
 		return r.(*Runner)
@@ -83,6 +83,9 @@ func (r *Runner) Settle(ctx context.Context, op *Op, within time.Duration) (any,
 	return r.do(ctx, op, nil, within)
 }
 
+// timers are the stopped timers of Settle's waits, for reuse.
+var timers sync.Pool
+
 // do is Do, withdrawing op from the queue when cancelled is closed (with ctx's
 // cause) or, for within > 0, after within (context.DeadlineExceeded).
 func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, within time.Duration) (any, error) {
@@ -94,8 +97,16 @@ func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, with
 		r.mu.Unlock()
 		var timeout <-chan time.Time
 		if within > 0 {
-			t := time.NewTimer(within)
-			defer t.Stop()
+			t, _ := timers.Get().(*time.Timer)
+			if t == nil {
+				t = time.NewTimer(within)
+			} else {
+				t.Reset(within)
+			}
+			defer func() {
+				t.Stop() // no stale tick after Stop (Go 1.23 timers)
+				timers.Put(t)
+			}()
 			timeout = t.C
 		}
 		var gaveUp error

@@ -113,16 +113,35 @@ func (r *Runner) Ticks() uint64 {
 	return r.wd.ticks
 }
 
+// idleGrace is how long the watchdog's loop waits for a lease once it has
+// none before it ends: leases of jobs that follow each other closely then
+// share one goroutine and timer instead of starting one each.
+const idleGrace = 100 * time.Millisecond
+
 func (w *watchdog) loop() {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	idle := false // idleGrace passed without a lease, nor a Hold or Drop
 	for {
 		w.mu.Lock()
 		if len(w.leases) == 0 {
-			w.running = false
+			if idle {
+				w.running = false
+				w.mu.Unlock()
+				return
+			}
+			w.target = time.Now().Add(idleGrace) // a Hold due before wakes the loop
 			w.mu.Unlock()
-			return
+			t.Reset(idleGrace)
+			select {
+			case <-t.C:
+				idle = true
+			case <-w.wake:
+				t.Stop()
+			}
+			continue
 		}
+		idle = false
 		var next time.Time
 		for l := range w.leases {
 			if next.IsZero() || l.due.Before(next) {
