@@ -50,14 +50,15 @@ type call struct {
 	op     *Op
 	reply  any
 	err    error
-	state  int           // queued, leading or done
+	state  int           // queued, leading, sending or done
 	wake   chan struct{} // signalled when state leaves queued; nil: posted
 	posted bool          // nobody waits for the reply
 }
 
 const (
-	queued = iota
-	leading
+	queued  = iota
+	leading // promoted to send the queue
+	sending // in a batch being sent: its caller waits for the reply
 	done
 )
 
@@ -179,6 +180,11 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 		batch := make([]*call, n)
 		copy(batch, r.queue)
 		r.queue = append(r.queue[:0], r.queue[n:]...)
+		for _, b := range batch {
+			if b != c {
+				b.state = sending // sent: no longer withdrawn
+			}
+		}
 		r.mu.Unlock()
 
 		ops := make([]*Op, n)

@@ -366,3 +366,76 @@ func TestRunner_Settle_ignoresCancelBoundsWait(t *testing.T) {
 		t.Fatalf("settle queued with an ended context: %v, %v; want the release applied (1)", v, err)
 	}
 }
+
+// holdCalls holds the first two script calls of a client, each until its
+// channel is closed.
+type holdCalls struct {
+	calls   atomic.Int64
+	release [2]chan struct{}
+}
+
+func (g *holdCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *holdCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := strings.ToLower(cmd.Name()); n == "evalsha" || n == "eval" {
+			if i := g.calls.Add(1); i <= 2 {
+				<-g.release[i-1]
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (g *holdCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A caller whose operation is in a batch being sent waits for its reply,
+// even when its ctx ends meanwhile: the operation may be applied.
+func TestRunner_Do_sentWaitsForReply(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(rdb)
+	g := &holdCalls{release: [2]chan struct{}{make(chan struct{}), make(chan struct{})}}
+	rdb.AddHook(g)
+	queued := func(n int) {
+		for {
+			r.mu.Lock()
+			q := len(r.queue)
+			r.mu.Unlock()
+			if q == n {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = r.Do(t.Context(), LockAcquire(prefix+"a", "t", time.Minute)) })
+	for g.calls.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	wg.Go(func() { _, _ = r.Do(t.Context(), LockAcquire(prefix+"b", "t", time.Minute)) })
+	queued(1)
+	ctx, cancel := context.WithCancel(t.Context())
+	var v any
+	var err error
+	wg.Go(func() { v, err = r.Do(ctx, LockAcquire(prefix+"c", "t", time.Minute)) })
+	queued(2)
+	close(g.release[0]) // b leads the second call, with c in it
+	for g.calls.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	time.Sleep(10 * time.Millisecond) // let a wrong withdrawal happen
+	close(g.release[1])
+	wg.Wait()
+	if _, ok := v.(string); err != nil || !ok {
+		t.Fatalf("acquire cancelled while sent: %v, %v; want its reply (a fence)", v, err)
+	}
+}
