@@ -25,7 +25,7 @@ type Lock struct {
 	lease guard.Lease  // renewal by the Runner's watchdog
 
 	mu       sync.Mutex
-	lost     chan struct{} // closed with err set
+	lost     chan struct{} // made by Lost, closed once err is set
 	err      error
 	onLost   []context.CancelCauseFunc
 	kept     bool // KeepAlive was called
@@ -56,17 +56,27 @@ func newLock(r *guard.Runner, key, redisKey, token, fence string, ttl time.Durat
 		return nil, fmt.Errorf("lockx: acquire %q: fence %q: %w", key, fence, err)
 	}
 	l := &Lock{r: r, key: key, redisKey: redisKey, token: token, fence: f, value: guard.LockValue(fence, token),
-		lost: make(chan struct{}), setAt: sent}
+		setAt: sent}
 	l.ttl.Store(int64(ttl))
-	l.lease.Renew = func(ttl time.Duration) *guard.Op { return guard.LockExtend(l.redisKey, l.value, ttl) }
-	l.lease.OnLost = func(err error) {
-		if err == nil {
-			l.markLost(fmt.Errorf("%w: %q is no longer held", ErrLockLost, l.key))
-			return
-		}
-		l.markLost(fmt.Errorf("%w: %q could not be renewed before its TTL ran out: %w", ErrLockLost, l.key, err))
-	}
+	l.lease.Held = (*lockLease)(l)
 	return l, nil
+}
+
+// lockLease is a Lock as the watchdog's guard.Leased.
+type lockLease Lock
+
+// Renew implements guard.Leased.
+func (l *lockLease) Renew(ttl time.Duration) *guard.Op {
+	return guard.LockExtend(l.redisKey, l.value, ttl)
+}
+
+// Lost implements guard.Leased.
+func (l *lockLease) Lost(err error) {
+	if err == nil {
+		(*Lock)(l).markLost(fmt.Errorf("%w: %q is no longer held", ErrLockLost, l.key))
+		return
+	}
+	(*Lock)(l).markLost(fmt.Errorf("%w: %q could not be renewed before its TTL ran out: %w", ErrLockLost, l.key, err))
 }
 
 // Key returns the key the lock was taken on.
@@ -204,7 +214,17 @@ func (l *Lock) Guard(ctx context.Context) (context.Context, context.CancelFunc) 
 // Lost returns a channel that is closed when the lock is known to be lost:
 // a renewal (or Extend) found it no longer the caller's, or renewals failed
 // for a whole TTL. Release does not close it.
-func (l *Lock) Lost() <-chan struct{} { return l.lost }
+func (l *Lock) Lost() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost == nil { // made on demand: most locks are never asked
+		l.lost = make(chan struct{})
+		if l.err != nil {
+			close(l.lost)
+		}
+	}
+	return l.lost
+}
 
 // Err returns why Lost was closed (an error matching [ErrLockLost]), or nil
 // while it is open.
@@ -221,7 +241,9 @@ func (l *Lock) markLost(err error) {
 		return
 	}
 	l.err = err
-	close(l.lost)
+	if l.lost != nil {
+		close(l.lost)
+	}
 	cancels := l.onLost
 	l.onLost = nil
 	l.mu.Unlock()

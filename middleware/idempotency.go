@@ -239,8 +239,34 @@ func (h *idemHandler) Process(ctx context.Context, job *stream.Job) (err error) 
 	})
 }
 
-// settle applies act to owner's record of key in the store.
+// settle applies act to owner's record of key in the store, without ctx's
+// cancellation (the handler has returned) and within idemStoreTimeout. On
+// an idem.RedisStore it sends the store's operation itself, through the
+// Runner's Settle: no context or timer to make unless it has to wait.
 func (h *idemHandler) settle(ctx context.Context, key, owner string, act idemAction, val []byte) error {
+	if h.redis {
+		var op *guard.Op
+		switch act {
+		case idemComplete:
+			op = guard.RecordFinish(key, owner, "c", val, h.retention)
+		case idemFail:
+			op = guard.RecordFinish(key, owner, "f", val, h.retention)
+		case idemRelease:
+			op = guard.RecordRelease(key, owner)
+		default:
+			return nil
+		}
+		v, err := h.runner.Settle(ctx, op, idemStoreTimeout)
+		if err != nil {
+			return err
+		}
+		if n, _ := guard.Int(v); n != 1 {
+			return idem.ErrNotOwner
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), idemStoreTimeout)
+	defer cancel()
 	switch act {
 	case idemComplete:
 		return h.store.Complete(ctx, key, owner, val)
@@ -286,7 +312,8 @@ const (
 // run calls the next handler for a started record (owner's, begun by a
 // command sent at sent), with the record's lease renewed meanwhile when
 // the store is Redis, and settles the record with finish: finish(ctx, act,
-// val) applies act and returns the store's error (idem.ErrNotOwner when
+// val) applies act, without ctx's cancellation and within
+// idemStoreTimeout, and returns the store's error (idem.ErrNotOwner when
 // the caller no longer owns the record).
 func (h *idemHandler) run(ctx context.Context, job *stream.Job, key, owner string, sent time.Time,
 	finish func(ctx context.Context, act idemAction, val []byte) error) error {
@@ -297,12 +324,9 @@ func (h *idemHandler) run(ctx context.Context, job *stream.Job, key, owner strin
 		var cancel context.CancelCauseFunc
 		hctx, cancel = context.WithCancelCause(hctx)
 		defer cancel(nil)
-		lease = &guard.Lease{
-			Renew: func(ttl time.Duration) *guard.Op { return guard.RecordExtend(key, owner, ttl) },
-			OnLost: func(err error) {
-				cancel(fmt.Errorf("middleware: idempotency record %q lost (taken over, or not renewed before its lease ran out: %v): %w", key, err, idem.ErrNotOwner))
-			},
-		}
+		rl := &recordLease{key: key, owner: owner, cancel: cancel}
+		lease = &rl.lease
+		lease.Held = rl
 		h.runner.Hold(lease, sent, h.cfg.Lease)
 	}
 	stop := func() {
@@ -310,17 +334,12 @@ func (h *idemHandler) run(ctx context.Context, job *stream.Job, key, owner strin
 			h.runner.Drop(lease)
 		}
 	}
-	settle := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.WithoutCancel(ctx), idemStoreTimeout)
-	}
 	returned := false
 	defer func() {
 		if r := recover(); r != nil {
 			if !returned {
 				stop()
-				sctx, cancel := settle()
-				h.warnOn(job, key, "releasing the record", finish(sctx, idemRelease, nil))
-				cancel()
+				h.warnOn(job, key, "releasing the record", finish(ctx, idemRelease, nil))
 			}
 			panic(r)
 		}
@@ -328,10 +347,8 @@ func (h *idemHandler) run(ctx context.Context, job *stream.Job, key, owner strin
 	herr := h.next.Process(hctx, job)
 	returned = true // from here on, a panic is not the handler's
 	stop()
-	sctx, cancel := settle()
-	defer cancel()
 	act, val := h.decide(ctx, job, herr, claim)
-	err := finish(sctx, act, val)
+	err := finish(ctx, act, val)
 	switch act {
 	case idemNone:
 		return consumer.Snooze(concJitter(h.cfg.InProgressDelay))
@@ -352,6 +369,25 @@ func (h *idemHandler) run(ctx context.Context, job *stream.Job, key, owner strin
 		h.warnOn(job, key, "releasing the record", err)
 	}
 	return herr
+}
+
+// recordLease is the lease of a started record in an idem.RedisStore,
+// renewed by the Runner's watchdog while the handler runs; its loss
+// cancels the handler's context.
+type recordLease struct {
+	lease      guard.Lease
+	key, owner string
+	cancel     context.CancelCauseFunc
+}
+
+// Renew implements guard.Leased.
+func (l *recordLease) Renew(ttl time.Duration) *guard.Op {
+	return guard.RecordExtend(l.key, l.owner, ttl)
+}
+
+// Lost implements guard.Leased.
+func (l *recordLease) Lost(err error) {
+	l.cancel(fmt.Errorf("middleware: idempotency record %q lost (taken over, or not renewed before its lease ran out: %v): %w", l.key, err, idem.ErrNotOwner))
 }
 
 // decide returns what becomes of the record given the next handler's

@@ -217,7 +217,7 @@ func (h *lockHandler) release(l *lockx.Lock) {
 // release, even if run panics.
 func (h *lockHandler) hold(ctx context.Context, job *stream.Job, l *lockx.Lock,
 	run func(context.Context, *stream.Job) error, release func()) error {
-	l.KeepAlive(context.WithoutCancel(ctx))
+	l.KeepAlive(context.Background()) // no end but release and loss
 	hctx, cancel := l.Guard(ctx)
 	defer func() {
 		cancel()
@@ -257,7 +257,7 @@ func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
 	if err != nil {
 		return fmt.Errorf("middleware: lock %q and idempotency begin %q: %w", key, recKey, err)
 	}
-	if f, _ := guard.Strings(v, 4); f != nil && f[0] == "locked" {
+	if f, _ := v.([]any); len(f) == 4 && f[0] == "locked" {
 		return lh.conflict(key)
 	}
 	o, fence, err := guard.BeginOutcome(v)
@@ -294,7 +294,7 @@ func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
 		default:
 			st = "r"
 		}
-		v, err := r.Do(sctx, guard.FinishRelease(rk, value, ttl, recKey, st, owner, val, h.idem.retention))
+		v, err := r.Settle(sctx, guard.FinishRelease(rk, value, ttl, recKey, st, owner, val, h.idem.retention), idemStoreTimeout)
 		if err != nil {
 			return err
 		}

@@ -22,15 +22,29 @@ var (
 )
 
 // Op is one operation of ops.lua: its keys (all in one slot) and arguments,
-// held in the Op itself (one allocation an operation).
+// held in the Op itself (one allocation an operation). Its string and
+// []byte arguments are sent by pointer into the Op (go-redis writes a
+// *string, and a []byte through its BinaryMarshaler), so that boxing them
+// as command arguments allocates nothing; its keys are plain strings, as
+// go-redis's cluster routing and its users' hooks read them.
 type Op struct {
 	key   [2]string
+	str   [4]string // the string arguments, argv points at them
+	val   bytesArg  // the []byte argument, argv points at it
 	argv  [7]any
 	nkeys int
 	nargs int
+	nstr  int
 	slot  int
 	grows bool // a take: first in its call (Send)
 }
+
+// bytesArg is a []byte command argument that a pointer to it boxes without
+// allocating.
+type bytesArg []byte
+
+// MarshalBinary implements encoding.BinaryMarshaler, which go-redis writes.
+func (b *bytesArg) MarshalBinary() ([]byte, error) { return *b, nil }
 
 // Slot returns the cluster slot of the operation's keys.
 func (o *Op) Slot() int { return o.slot }
@@ -38,12 +52,40 @@ func (o *Op) Slot() int { return o.slot }
 func (o *Op) keys() []string { return o.key[:o.nkeys] }
 func (o *Op) args() []any    { return o.argv[:o.nargs] }
 
-func newOp(code string, keys []string, args ...any) *Op {
-	o := &Op{nkeys: len(keys), nargs: 1 + len(args), slot: keyslot.Of(keys[0])}
+// newOp returns the operation code on keys (one or two); its arguments
+// follow with s, b and a.
+func newOp(code string, key0, key1 string) *Op {
+	o := &Op{nkeys: 1, nargs: 1, slot: keyslot.Of(key0)}
 	o.grows = code == "la" || code == "rb" || code == "gb"
-	copy(o.key[:], keys)
-	o.argv[0] = code
-	copy(o.argv[1:], args)
+	o.key[0], o.key[1] = key0, key1
+	if key1 != "" {
+		o.nkeys = 2
+	}
+	o.argv[0] = code // a constant: boxing it allocates nothing
+	return o
+}
+
+// s appends the string argument v.
+func (o *Op) s(v string) *Op {
+	o.str[o.nstr] = v
+	o.argv[o.nargs] = &o.str[o.nstr]
+	o.nstr++
+	o.nargs++
+	return o
+}
+
+// b appends the []byte argument v.
+func (o *Op) b(v []byte) *Op {
+	o.val = v
+	o.argv[o.nargs] = &o.val
+	o.nargs++
+	return o
+}
+
+// a appends the argument v, boxed already (ms).
+func (o *Op) a(v any) *Op {
+	o.argv[o.nargs] = v
+	o.nargs++
 	return o
 }
 
@@ -71,6 +113,20 @@ func ms(d time.Duration) any {
 	return v
 }
 
+// statusArg returns a record status ("c", "f", "r") as a script argument,
+// boxed once.
+func statusArg(status string) any {
+	switch status {
+	case "c":
+		return "c"
+	case "f":
+		return "f"
+	case "r":
+		return "r"
+	}
+	return status
+}
+
 // Token returns a random lock holder token: 128 bits of math/rand/v2's
 // ChaCha8, which the runtime seeds from the system once, so a token costs
 // no system call (crypto/rand makes one). A token is an owner check, not a
@@ -88,57 +144,57 @@ func LockValue(fence, token string) string { return fence + " " + token }
 
 // LockAcquire takes lock for ttl with token; reply: the fence (string) or 0.
 func LockAcquire(lock, token string, ttl time.Duration) *Op {
-	return newOp("la", []string{lock}, token, ms(ttl))
+	return newOp("la", lock, "").s(token).a(ms(ttl))
 }
 
 // LockRelease leaves a tombstone of the fence for keep if lock holds value;
 // reply: 1 or 0.
 func LockRelease(lock, value string, keep time.Duration) *Op {
-	return newOp("lr", []string{lock}, value, ms(keep))
+	return newOp("lr", lock, "").s(value).a(ms(keep))
 }
 
 // LockExtend sets lock's TTL if it holds value; reply: 1 or 0.
 func LockExtend(lock, value string, ttl time.Duration) *Op {
-	return newOp("le", []string{lock}, value, ms(ttl))
+	return newOp("le", lock, "").s(value).a(ms(ttl))
 }
 
 // LockTTL returns lock's PTTL in ms if it holds value, else -3.
-func LockTTL(lock, value string) *Op { return newOp("lt", []string{lock}, value) }
+func LockTTL(lock, value string) *Op { return newOp("lt", lock, "").s(value) }
 
 // RecordBegin begins record for owner; reply: {status, owner, payload, ""}.
 func RecordBegin(record, owner string, lease time.Duration) *Op {
-	return newOp("rb", []string{record}, owner, ms(lease))
+	return newOp("rb", record, "").s(owner).a(ms(lease))
 }
 
 // RecordFinish completes (status "c") or fails ("f") owner's processing
 // record with val, kept for retention; reply: 1 or 0.
 func RecordFinish(record, owner, status string, val []byte, retention time.Duration) *Op {
-	return newOp("rf", []string{record}, owner, status, val, ms(retention))
+	return newOp("rf", record, "").s(owner).a(statusArg(status)).b(val).a(ms(retention))
 }
 
 // RecordRelease deletes owner's processing record; reply: 1 or 0.
-func RecordRelease(record, owner string) *Op { return newOp("rr", []string{record}, owner) }
+func RecordRelease(record, owner string) *Op { return newOp("rr", record, "").s(owner) }
 
 // RecordExtend sets the lease of owner's processing record; reply: 1 or 0.
 func RecordExtend(record, owner string, lease time.Duration) *Op {
-	return newOp("re", []string{record}, owner, ms(lease))
+	return newOp("re", record, "").s(owner).a(ms(lease))
 }
 
 // RecordForget deletes a finished record of status ("c" or "f"); reply: 1, 0.
-func RecordForget(record, status string) *Op { return newOp("rx", []string{record}, status) }
+func RecordForget(record, status string) *Op { return newOp("rx", record, "").a(statusArg(status)) }
 
 // LockBegin takes lock and begins record in one step (both in one slot);
 // reply: {status, owner, payload, fence} with status "locked" when the lock
 // is held.
 func LockBegin(lock, token string, ttl time.Duration, record, owner string, lease time.Duration) *Op {
-	return newOp("gb", []string{lock, record}, token, ms(ttl), owner, ms(lease))
+	return newOp("gb", lock, record).s(token).a(ms(ttl)).s(owner).a(ms(lease))
 }
 
 // FinishRelease finishes (status "c", "f") or releases ("r") owner's record,
 // then releases lock (value, tombstone kept for keep); reply: {record reply,
 // lock reply}.
 func FinishRelease(lock, value string, keep time.Duration, record, status, owner string, val []byte, retention time.Duration) *Op {
-	return newOp("gf", []string{lock, record}, value, ms(keep), status, owner, val, ms(retention))
+	return newOp("gf", lock, record).s(value).a(ms(keep)).a(statusArg(status)).s(owner).b(val).a(ms(retention))
 }
 
 // SameSlot reports whether keys a and b share a cluster slot.

@@ -31,7 +31,7 @@ var runners sync.Map // redis.UniversalClient -> *Runner
 
 // Of returns the Runner of rdb, the same for every caller, so that locks
 // and records of one client share batches and one watchdog. A Runner has
-// no goroutine while it has nothing to renew.
+// no goroutine once it has had nothing to renew for idleGrace.
 func Of(rdb redis.UniversalClient) *Runner {
 	if r, ok := runners.Load(rdb); ok {
 		return r.(*Runner)
@@ -50,14 +50,15 @@ type call struct {
 	op     *Op
 	reply  any
 	err    error
-	state  int           // queued, leading or done
+	state  int           // queued, leading, sending or done
 	wake   chan struct{} // signalled when state leaves queued; nil: posted
 	posted bool          // nobody waits for the reply
 }
 
 const (
-	queued = iota
-	leading
+	queued  = iota
+	leading // promoted to send the queue
+	sending // in a batch being sent: its caller waits for the reply
 	done
 )
 
@@ -71,15 +72,53 @@ const postTimeout = 5 * time.Second
 // ends while its operation waits in the queue withdraws it and returns
 // ctx's error; once sent, Do waits for the reply.
 func (r *Runner) Do(ctx context.Context, op *Op) (any, error) {
+	return r.do(ctx, op, ctx.Done(), 0)
+}
+
+// Settle sends op as Do does, for a caller that must not give up when ctx
+// ends (a settlement after the handler returned): it keeps ctx's values,
+// not its cancellation, and withdraws op, returning
+// context.DeadlineExceeded, if it waited in the queue for within. It makes
+// no context, and a timer only when op has to wait.
+func (r *Runner) Settle(ctx context.Context, op *Op, within time.Duration) (any, error) {
+	return r.do(ctx, op, nil, within)
+}
+
+// timers are the stopped timers of Settle's waits, for reuse.
+var timers sync.Pool
+
+// do is Do, withdrawing op from the queue when cancelled is closed (with ctx's
+// cause) or, for within > 0, after within (context.DeadlineExceeded).
+func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, within time.Duration) (any, error) {
 	c := &call{op: op}
 	r.mu.Lock()
 	if r.busy {
 		c.wake = make(chan struct{}, 1)
 		r.queue = append(r.queue, c)
 		r.mu.Unlock()
+		var timeout <-chan time.Time
+		if within > 0 {
+			t, _ := timers.Get().(*time.Timer)
+			if t == nil {
+				t = time.NewTimer(within)
+			} else {
+				t.Reset(within)
+			}
+			defer func() {
+				t.Stop() // no stale tick after Stop (Go 1.23 timers)
+				timers.Put(t)
+			}()
+			timeout = t.C
+		}
+		var gaveUp error
 		select {
 		case <-c.wake:
-		case <-ctx.Done():
+		case <-cancelled:
+			gaveUp = context.Cause(ctx)
+		case <-timeout:
+			gaveUp = context.DeadlineExceeded
+		}
+		if gaveUp != nil {
 			r.mu.Lock()
 			if c.state == queued {
 				for i, q := range r.queue {
@@ -89,7 +128,7 @@ func (r *Runner) Do(ctx context.Context, op *Op) (any, error) {
 					}
 				}
 				r.mu.Unlock()
-				return nil, context.Cause(ctx)
+				return nil, gaveUp
 			}
 			r.mu.Unlock()
 			<-c.wake
@@ -141,6 +180,11 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 		batch := make([]*call, n)
 		copy(batch, r.queue)
 		r.queue = append(r.queue[:0], r.queue[n:]...)
+		for _, b := range batch {
+			if b != c {
+				b.state = sending // sent: no longer withdrawn
+			}
+		}
 		r.mu.Unlock()
 
 		ops := make([]*Op, n)
@@ -199,8 +243,14 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	}
 	calls := plan(ops)
 	if len(calls) == 1 {
-		keys, args := gather(ops, calls[0])
-		v, err := opsScript.Run(ctx, r.rdb, keys, args...).Slice() // EVALSHA, EVAL on NOSCRIPT
+		args := gather(ops, calls[0])
+		cmd := scriptCmd(ctx, args, false)
+		_ = r.rdb.Process(ctx, cmd)
+		if noScript(cmd.Err()) {
+			cmd = scriptCmd(ctx, args, true)
+			_ = r.rdb.Process(ctx, cmd)
+		}
+		v, err := cmd.Slice()
 		if forbidden(err, calls[0]) {
 			r.sendAlone(ctx, ops, calls[0], replies, errs)
 			return replies, errs
@@ -236,35 +286,32 @@ func (r *Runner) sendAlone(ctx context.Context, ops []*Op, idx []int, replies []
 func (r *Runner) sendCalls(ctx context.Context, ops []*Op, calls [][]int, replies []any, errs []error) {
 	type sent struct {
 		idx  []int
-		keys []string
 		args []any
 		cmd  *redis.Cmd
 	}
-	sends := make([]*sent, len(calls))
-	for i, idx := range calls {
-		s := &sent{idx: idx}
-		s.keys, s.args = gather(ops, idx)
-		sends[i] = s
-	}
+	sends := make([]sent, len(calls))
 	pipe := r.rdb.Pipeline()
-	for _, s := range sends {
-		s.cmd = opsScript.EvalSha(ctx, pipe, s.keys, s.args...)
+	for i, idx := range calls {
+		s := &sends[i]
+		s.idx, s.args = idx, gather(ops, idx)
+		s.cmd = scriptCmd(ctx, s.args, false)
+		_ = pipe.Process(ctx, s.cmd)
 	}
 	_, _ = pipe.Exec(ctx)
 	// The script is not cached on some node (a restart): send those calls
 	// again with the script, only those (the others ran).
-	var again []*sent
-	for _, s := range sends {
-		if err := s.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			again = append(again, s)
+	var again redis.Pipeliner
+	for i := range sends {
+		if s := &sends[i]; noScript(s.cmd.Err()) {
+			if again == nil {
+				again = r.rdb.Pipeline()
+			}
+			s.cmd = scriptCmd(ctx, s.args, true)
+			_ = again.Process(ctx, s.cmd)
 		}
 	}
-	if len(again) > 0 {
-		pipe := r.rdb.Pipeline()
-		for _, s := range again {
-			s.cmd = opsScript.Eval(ctx, pipe, s.keys, s.args...)
-		}
-		_, _ = pipe.Exec(ctx)
+	if again != nil {
+		_, _ = again.Exec(ctx)
 	}
 	for _, s := range sends {
 		v, err := s.cmd.Slice()
@@ -274,6 +321,30 @@ func (r *Runner) sendCalls(ctx context.Context, ops []*Op, calls [][]int, replie
 		}
 		deliver(replies, errs, s.idx, v, err)
 	}
+}
+
+// Boxed once: the script's digest and source, as command arguments.
+var (
+	shaArg any = opsScript.Hash()
+	srcArg any = opsLua
+)
+
+// scriptCmd returns the command that runs ops.lua with args (from
+// gather): EVALSHA, or EVAL with the script's source.
+func scriptCmd(ctx context.Context, args []any, eval bool) *redis.Cmd {
+	if eval {
+		args[0], args[1] = "eval", srcArg
+	} else {
+		args[0], args[1] = "evalsha", shaArg
+	}
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
+// noScript reports whether err says that Redis does not have the script.
+func noScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
 // plan returns the script calls of ops (Send), each as the indexes of its
@@ -336,18 +407,25 @@ func shares(op *Op, ops []*Op, idx []int) bool {
 	return false
 }
 
-// gather returns the keys and arguments of the script call of ops idx.
-func gather(ops []*Op, idx []int) ([]string, []any) {
+// gather returns the arguments of the script call of ops idx: two slots
+// for the command and the script (scriptCmd), the number of keys, the
+// operations' keys, then their arguments.
+func gather(ops []*Op, idx []int) []any {
 	nk, na := 0, 0
 	for _, i := range idx {
 		nk, na = nk+ops[i].nkeys, na+ops[i].nargs
 	}
-	keys, args := make([]string, 0, nk), make([]any, 0, na)
+	args := make([]any, 3, 3+nk+na)
+	args[2] = nk
 	for _, i := range idx {
-		keys = append(keys, ops[i].keys()...)
+		for _, k := range ops[i].keys() {
+			args = append(args, k)
+		}
+	}
+	for _, i := range idx {
 		args = append(args, ops[i].args()...)
 	}
-	return keys, args
+	return args
 }
 
 // deliver sets the replies and errors of ops idx from the reply v (or

@@ -234,8 +234,9 @@ func TestOps_takeAfterOtherRefused(t *testing.T) {
 	prefix := "{" + redistest.Prefix(t, shared) + "}:"
 	defer redistest.DeleteKeys(shared, prefix+"*")
 	ops := []*Op{RecordRelease(prefix+"r", "o"), LockAcquire(prefix+"k", "t", time.Minute)}
-	keys, args := gather(ops, []int{0, 1})
-	err := opsScript.Run(t.Context(), shared, keys, args...).Err()
+	cmd := scriptCmd(t.Context(), gather(ops, []int{0, 1}), true)
+	_ = shared.Process(t.Context(), cmd)
+	err := cmd.Err()
 	if err == nil || !strings.Contains(err.Error(), "a take after another operation") {
 		t.Fatalf("take after a release: %v; want the call refused", err)
 	}
@@ -378,5 +379,128 @@ func TestOps_wrongTypeIsPerOperation(t *testing.T) {
 	}
 	if errs[1] != nil || replies[1] != int64(1) || strings.Contains(shared.Get(ctx, prefix+"ok:lock2").Val(), " ") {
 		t.Errorf("release beside a failed finish: %v, %v", replies[1], errs[1])
+	}
+}
+
+// Settle ignores its context's cancellation, queued or not, and withdraws
+// an operation only after waiting within in the queue: a settlement after
+// the handler returned is sent even when the job's context has ended.
+func TestRunner_Settle_ignoresCancelBoundsWait(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(rdb)
+	ended, cancel := context.WithCancel(t.Context())
+	cancel()
+	// Not queued: sent at once despite the ended context.
+	if v, err := r.Settle(ended, RecordBegin(prefix+"a", "o", time.Minute), time.Minute); err != nil {
+		t.Fatalf("settle with an ended context: %v, %v; want it sent", v, err)
+	}
+	g := &gate{release: make(chan struct{})}
+	rdb.AddHook(g)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = r.Do(t.Context(), LockAcquire(prefix+"first", "t", time.Minute)) })
+	for g.calls.Load() == 0 { // the first caller is sending, held
+		time.Sleep(time.Millisecond)
+	}
+	// Queued behind the held call: withdrawn after within, not before.
+	if _, err := r.Settle(ended, RecordRelease(prefix+"a", "o"), time.Millisecond); err != context.DeadlineExceeded {
+		t.Fatalf("settle queued past within: %v; want context.DeadlineExceeded", err)
+	}
+	var v any
+	var err error
+	wg.Go(func() { v, err = r.Settle(ended, RecordRelease(prefix+"a", "o"), time.Hour) })
+	for {
+		r.mu.Lock()
+		q := len(r.queue)
+		r.mu.Unlock()
+		if q == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(g.release)
+	wg.Wait()
+	if err != nil || v != int64(1) {
+		t.Fatalf("settle queued with an ended context: %v, %v; want the release applied (1)", v, err)
+	}
+}
+
+// holdCalls holds the first two script calls of a client, each until its
+// channel is closed.
+type holdCalls struct {
+	calls   atomic.Int64
+	release [2]chan struct{}
+}
+
+func (g *holdCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *holdCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := strings.ToLower(cmd.Name()); n == "evalsha" || n == "eval" {
+			if i := g.calls.Add(1); i <= 2 {
+				<-g.release[i-1]
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (g *holdCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A caller whose operation is in a batch being sent waits for its reply,
+// even when its ctx ends meanwhile: the operation may be applied.
+func TestRunner_Do_sentWaitsForReply(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(rdb)
+	g := &holdCalls{release: [2]chan struct{}{make(chan struct{}), make(chan struct{})}}
+	rdb.AddHook(g)
+	queued := func(n int) {
+		for {
+			r.mu.Lock()
+			q := len(r.queue)
+			r.mu.Unlock()
+			if q == n {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = r.Do(t.Context(), LockAcquire(prefix+"a", "t", time.Minute)) })
+	for g.calls.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	wg.Go(func() { _, _ = r.Do(t.Context(), LockAcquire(prefix+"b", "t", time.Minute)) })
+	queued(1)
+	ctx, cancel := context.WithCancel(t.Context())
+	var v any
+	var err error
+	wg.Go(func() { v, err = r.Do(ctx, LockAcquire(prefix+"c", "t", time.Minute)) })
+	queued(2)
+	close(g.release[0]) // b leads the second call, with c in it
+	for g.calls.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	time.Sleep(10 * time.Millisecond) // let a wrong withdrawal happen
+	close(g.release[1])
+	wg.Wait()
+	if _, ok := v.(string); err != nil || !ok {
+		t.Fatalf("acquire cancelled while sent: %v, %v; want its reply (a fence)", v, err)
 	}
 }

@@ -9,20 +9,27 @@ import (
 // Lease is a held lock or processing record that the [Runner]'s watchdog
 // renews every third of its TTL until it is dropped or lost.
 type Lease struct {
-	// Renew returns the operation that extends the lease by ttl: its reply
-	// is 1 while the lease is held, 0 once it is not.
-	Renew func(ttl time.Duration) *Op
-	// OnLost is called once, from the watchdog, when the lease is lost:
-	// with nil when a renewal found it no longer held, or with the last
-	// renewal error when renewals failed until the lease may have expired.
-	// It must not block.
-	OnLost func(err error)
+	// Held renews the lease and hears of its loss.
+	Held Leased
 
 	// Guarded by the watchdog's mutex.
 	ttl        time.Duration
 	due        time.Time // next renewal
 	validUntil time.Time // the lease ends at the latest, unless renewed
 	held       bool      // in the watchdog's set
+}
+
+// Leased is what a [Lease] renews: a lock or a record, usually the struct
+// that holds the Lease (no closure to allocate).
+type Leased interface {
+	// Renew returns the operation that extends the lease by ttl: its reply
+	// is 1 while the lease is held, 0 once it is not.
+	Renew(ttl time.Duration) *Op
+	// Lost is called once, from the watchdog, when the lease is lost: with
+	// nil when a renewal found it no longer held, or with the last renewal
+	// error when renewals failed until the lease may have expired. It must
+	// not block.
+	Lost(err error)
 }
 
 // Renewed records that the lease was set to ttl by a command sent at sent
@@ -106,16 +113,35 @@ func (r *Runner) Ticks() uint64 {
 	return r.wd.ticks
 }
 
+// idleGrace is how long the watchdog's loop waits for a lease once it has
+// none before it ends: leases of jobs that follow each other closely then
+// share one goroutine and timer instead of starting one each.
+const idleGrace = 100 * time.Millisecond
+
 func (w *watchdog) loop() {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	idle := false // idleGrace passed without a lease, nor a Hold or Drop
 	for {
 		w.mu.Lock()
 		if len(w.leases) == 0 {
-			w.running = false
+			if idle {
+				w.running = false
+				w.mu.Unlock()
+				return
+			}
+			w.target = time.Now().Add(idleGrace) // a Hold due before wakes the loop
 			w.mu.Unlock()
-			return
+			t.Reset(idleGrace)
+			select {
+			case <-t.C:
+				idle = true
+			case <-w.wake:
+				t.Stop()
+			}
+			continue
 		}
+		idle = false
 		var next time.Time
 		for l := range w.leases {
 			if next.IsZero() || l.due.Before(next) {
@@ -153,7 +179,7 @@ func (w *watchdog) tick() {
 			continue
 		}
 		due = append(due, l)
-		ops = append(ops, l.Renew(l.ttl))
+		ops = append(ops, l.Held.Renew(l.ttl))
 		if timeout == 0 || interval < timeout {
 			timeout = interval
 		}
@@ -183,11 +209,11 @@ func (w *watchdog) tick() {
 			case err == nil:
 				l.held = false
 				delete(w.leases, l)
-				lost = append(lost, func() { l.OnLost(nil) })
+				lost = append(lost, func() { l.Held.Lost(nil) })
 			case !time.Now().Before(l.validUntil):
 				l.held = false
 				delete(w.leases, l)
-				lost = append(lost, func() { l.OnLost(err) })
+				lost = append(lost, func() { l.Held.Lost(err) })
 			default:
 				// Try again at the next tick, sooner than the interval.
 				l.due = now.Add(max(l.ttl/10, time.Millisecond))
