@@ -205,13 +205,14 @@ func tail(s string) string {
 type run struct {
 	stream string
 	at     time.Time
+	worker int // index in the workers passed to readLedgers
 }
 
 // readLedgers returns every job's runs, by job ID.
 func readLedgers(t *testing.T, ws []*worker) map[string][]run {
 	t.Helper()
 	runs := map[string][]run{}
-	for _, w := range ws {
+	for i, w := range ws {
 		b, err := os.ReadFile(w.ledger)
 		if err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)
@@ -222,7 +223,7 @@ func readLedgers(t *testing.T, ws []*worker) map[string][]run {
 				continue
 			}
 			ns, _ := strconv.ParseInt(f[2], 10, 64)
-			runs[f[0]] = append(runs[f[0]], run{stream: f[1], at: time.Unix(0, ns)})
+			runs[f[0]] = append(runs[f[0]], run{stream: f[1], at: time.Unix(0, ns), worker: i})
 		}
 	}
 	return runs
@@ -503,6 +504,26 @@ func TestPartition_masterFailover(t *testing.T) {
 	// promotion), but lose nothing and run nothing twice.
 	if lostElsewhere != 0 || doubledElsewhere != 0 {
 		t.Errorf("the surviving partitions lost %d jobs, ran %d twice", lostElsewhere, doubledElsewhere)
+		shown := 0
+		for id := range acked {
+			if r := runs[id]; len(r) > 1 && !onVictim[partOf(id)] && shown < 5 {
+				shown++
+				var at []string
+				for _, x := range r {
+					at = append(at, fmt.Sprintf("w%d at %v", x.worker, x.at.Sub(killedAt).Round(time.Millisecond)))
+				}
+				t.Logf("job %s of %s ran twice, after the kill: %s", id, partOf(id), strings.Join(at, ", "))
+			}
+		}
+		for i, w := range ws { // why: a lease lost, a settlement given up
+			var why []string
+			for _, l := range strings.Split(w.stderr.String(), "\n") {
+				if strings.Contains(l, "lease") || strings.Contains(l, "reclaim") || strings.Contains(l, "settle") {
+					why = append(why, l)
+				}
+			}
+			t.Logf("worker w%d, %d log lines on leases, reclaims and settlements: %s", i, len(why), tail(strings.Join(why, "\n")))
+		}
 	}
 	if duringOutage == 0 {
 		t.Errorf("no job of the surviving partitions ran while the master was down")
