@@ -374,6 +374,7 @@ func a21gCheckExclusion(t *testing.T, entries []a21gEntry) int {
 // Catches: locks that do not exclude across processes, a fused take that
 // skips the lock, fences reused.
 func TestAttack21GuardExclusionAcrossProcesses(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	for _, v := range []struct {
 		idem, stops bool
 	}{{false, false}, {true, false}, {false, true}, {true, true}} {
@@ -469,6 +470,7 @@ func TestAttack21GuardExclusionAcrossProcesses(t *testing.T) {
 // Catches: a watchdog that does not notice the loss after a stall, a lost
 // lock renewed anyway (resurrected over the new holder's), a fence not above.
 func TestAttack21GuardStoppedHolderLosesLock(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	for _, withIdem := range []bool{false, true} {
 		t.Run(fmt.Sprintf("idem=%v", withIdem), func(t *testing.T) {
 			redistest.Widen(t, "ttl", 400*time.Millisecond, func(t *testing.T, ttl time.Duration) time.Duration {
@@ -563,6 +565,7 @@ func a21gStoppedHolder(t *testing.T, ttl time.Duration, withIdem bool) (wider ti
 // effect run after its record completed, a job lost, a dead letter, a
 // processing record or lock left behind.
 func TestAttack21GuardIdempotencyUnderKills(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	e := newA21g(t)
 	ttl, vis := 600*time.Millisecond, 1500*time.Millisecond
 	workers := map[string]*worker{}
@@ -734,6 +737,7 @@ func a21gCheckLeftovers(t *testing.T, e *a21gEnv, ttl time.Duration, keys int) {
 // Catches: a tombstone or unreleased lock that blocks the next job for the
 // TTL (10 s here, conflicts recorded), fences that go back.
 func TestAttack21GuardNextJobTakesReleasedLock(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	e := newA21g(t)
 	ttl := 10 * time.Second
 	w1 := e.worker("w1", 2, ttl, 30*time.Second, true)

@@ -73,7 +73,7 @@ func redisCommands(t *testing.T, rdb *redis.Client) (total int64, calls map[stri
 	return total, calls
 }
 
-// F23: a retry storm. 4,000 jobs fail with a retryable error until the
+// F23: a retry storm. 10,000 jobs fail with a retryable error until the
 // "downstream" they call is healthy again, 8 s after the start, and then
 // succeed. Two consumers of 50 slots each retry them through
 // Config.RetryBackoff with full jitter (base 200 ms, cap 3 s). Every job
@@ -86,14 +86,11 @@ func redisCommands(t *testing.T, rdb *redis.Client) (total int64, calls map[stri
 //
 // Retries without jitter come in waves one cap apart, each as wide as the
 // time the consumers take to run all the jobs once, with nothing between
-// them: measured with 10,000 jobs, 21 to 37 of the 50 buckets empty (at
-// most 2 may be), while peak/mean of the non-empty buckets was only 1.4-2.2
-// (the waves are flattened by the consumers' throughput, about 5-8k
-// attempts/s on 2 CPUs). So the gap check is what catches them; the spike
-// check catches a wave on a host fast enough to run it at once. Fewer jobs
-// make the waves narrower and the gaps wider, and let a slower machine
-// run every job once within half the cap: with 4,000, JitterNone left 32
-// of 50 buckets empty (cap 6 s, peak/mean 3.57).
+// them: measured, 21 to 37 of the 50 buckets empty (at most 2 may be),
+// while peak/mean of the non-empty buckets was only 1.4-2.2 (the waves are
+// flattened by the consumers' throughput, about 5-8k attempts/s on 2
+// CPUs). So the gap check is what catches them; the spike check catches a
+// wave on a host fast enough to run it at once.
 // The 3 s cap keeps the gaps visible (with 2 s the waves overlap on a
 // small host), and the histogram starts at 3 s, once the first attempts of
 // all jobs and their short early retries, which saturate the consumers
@@ -124,7 +121,7 @@ func TestRetry_storm(t *testing.T) {
 // check the spread of the retries.
 func retryStorm(t *testing.T, ceiling time.Duration) (wider time.Duration) {
 	const (
-		jobs        = 4_000
+		jobs        = 10_000
 		concurrency = 50
 		// k bounds the busiest bucket against the mean of the non-empty
 		// buckets. Full jitter measured 1.2-1.5 here; 3 leaves headroom (a
