@@ -374,6 +374,7 @@ func a21gCheckExclusion(t *testing.T, entries []a21gEntry) int {
 // Catches: locks that do not exclude across processes, a fused take that
 // skips the lock, fences reused.
 func TestAttack21GuardExclusionAcrossProcesses(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	for _, v := range []struct {
 		idem, stops bool
 	}{{false, false}, {true, false}, {false, true}, {true, true}} {
@@ -469,73 +470,90 @@ func TestAttack21GuardExclusionAcrossProcesses(t *testing.T) {
 // Catches: a watchdog that does not notice the loss after a stall, a lost
 // lock renewed anyway (resurrected over the new holder's), a fence not above.
 func TestAttack21GuardStoppedHolderLosesLock(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	for _, withIdem := range []bool{false, true} {
 		t.Run(fmt.Sprintf("idem=%v", withIdem), func(t *testing.T) {
-			e := newA21g(t)
-			ttl := 400 * time.Millisecond
-			w1 := e.worker("w1", 2, ttl, 60*time.Second, withIdem)
-			j1 := e.enqueue("acct", "op-1", a21gBehaviour{Hold: true})
-			var start1 a21gEntry
-			eventually(t, 60*time.Second, func() (bool, string) {
-				for _, en := range a21gLedger(t, e.ledger) {
-					if en.Ev == "start" && en.JobID == j1 {
-						start1 = en
-						return true, ""
-					}
-				}
-				return false, "job 1 not started"
-			})
-			w1.stop()
-			rk := e.keys.Lock + "{acct}"
-			eventually(t, 60*time.Second, func() (bool, string) {
-				v, err := e.rdb.Get(context.Background(), rk).Result()
-				return err == redis.Nil || !strings.Contains(v, " "), fmt.Sprintf("lock %s = %q", rk, v)
-			})
-			e.worker("w2", 2, ttl, 60*time.Second, withIdem)
-			j2 := e.enqueue("acct", "op-2", a21gBehaviour{WorkMS: 3000})
-			var start2 a21gEntry
-			eventually(t, 60*time.Second, func() (bool, string) {
-				for _, en := range a21gLedger(t, e.ledger) {
-					if en.Ev == "start" && en.JobID == j2 {
-						start2 = en
-						return true, ""
-					}
-				}
-				return false, "job 2 not started"
-			})
-			if start2.Fence <= start1.Fence {
-				t.Errorf("fence of the new holder %d not above the stalled one's %d", start2.Fence, start1.Fence)
-			}
-			w1.cont()
-			eventually(t, 60*time.Second, func() (bool, string) {
-				for _, en := range a21gLedger(t, e.ledger) {
-					if en.Ev == "cancelled" && en.JobID == j1 && en.Fence == start1.Fence {
-						if !strings.Contains(en.Extra, "=true") || (!withIdem && !strings.HasPrefix(en.Extra, "lost=true")) {
-							t.Errorf("stalled holder's handler cancelled with %s, want a cause matching ErrLockLost", en.Extra)
-						}
-						return true, ""
-					}
-				}
-				return false, "stalled holder's handler not cancelled"
-			})
-			// The new holder keeps its lock: the woken holder must not have renewed or released it.
-			eventually(t, 60*time.Second, func() (bool, string) {
-				for _, en := range a21gLedger(t, e.ledger) {
-					if en.Ev == "end" && en.JobID == j2 {
-						if en.Extra != "held=true" {
-							t.Errorf("new holder lost its lock after the stalled holder woke: %s", en.Extra)
-						}
-						return true, ""
-					}
-					if en.Ev == "cancelled" && en.JobID == j2 {
-						t.Errorf("new holder's handler cancelled (%s) after the stalled one woke", en.Extra)
-						return true, ""
-					}
-				}
-				return false, "job 2 not ended"
+			redistest.Widen(t, "ttl", 400*time.Millisecond, func(t *testing.T, ttl time.Duration) time.Duration {
+				return a21gStoppedHolder(t, ttl, withIdem)
 			})
 		})
 	}
+}
+
+// a21gStoppedHolder runs TestAttack21GuardStoppedHolderLosesLock once with
+// lock TTL ttl; it returns a wider TTL if the new holder lost its lock
+// while its own process (or Redis) stalled past a renewal (TTL/3) plus
+// the TTL's rest, which is what a loaded machine does to a 400 ms lock.
+func a21gStoppedHolder(t *testing.T, ttl time.Duration, withIdem bool) (wider time.Duration) {
+	e := newA21g(t)
+	w1 := e.worker("w1", 2, ttl, 60*time.Second, withIdem)
+	j1 := e.enqueue("acct", "op-1", a21gBehaviour{Hold: true})
+	var start1 a21gEntry
+	eventually(t, 60*time.Second, func() (bool, string) {
+		for _, en := range a21gLedger(t, e.ledger) {
+			if en.Ev == "start" && en.JobID == j1 {
+				start1 = en
+				return true, ""
+			}
+		}
+		return false, "job 1 not started"
+	})
+	w1.stop()
+	rk := e.keys.Lock + "{acct}"
+	eventually(t, 60*time.Second, func() (bool, string) {
+		v, err := e.rdb.Get(context.Background(), rk).Result()
+		return err == redis.Nil || !strings.Contains(v, " "), fmt.Sprintf("lock %s = %q", rk, v)
+	})
+	e.worker("w2", 2, ttl, 60*time.Second, withIdem)
+	j2 := e.enqueue("acct", "op-2", a21gBehaviour{WorkMS: 3000})
+	var start2 a21gEntry
+	eventually(t, 60*time.Second, func() (bool, string) {
+		for _, en := range a21gLedger(t, e.ledger) {
+			if en.Ev == "start" && en.JobID == j2 {
+				start2 = en
+				return true, ""
+			}
+		}
+		return false, "job 2 not started"
+	})
+	if start2.Fence <= start1.Fence {
+		t.Errorf("fence of the new holder %d not above the stalled one's %d", start2.Fence, start1.Fence)
+	}
+	w1.cont()
+	eventually(t, 60*time.Second, func() (bool, string) {
+		for _, en := range a21gLedger(t, e.ledger) {
+			if en.Ev == "cancelled" && en.JobID == j1 && en.Fence == start1.Fence {
+				if !strings.Contains(en.Extra, "=true") || (!withIdem && !strings.HasPrefix(en.Extra, "lost=true")) {
+					t.Errorf("stalled holder's handler cancelled with %s, want a cause matching ErrLockLost", en.Extra)
+				}
+				return true, ""
+			}
+		}
+		return false, "stalled holder's handler not cancelled"
+	})
+	// The new holder keeps its lock: the woken holder must not have renewed or released it.
+	eventually(t, 60*time.Second, func() (bool, string) {
+		for _, en := range a21gLedger(t, e.ledger) {
+			if en.Ev == "end" && en.JobID == j2 {
+				var stallMS, longestMS int64
+				switch _, err := fmt.Sscanf(en.Extra, "held=false/stall=%dms/longest=%dms", &stallMS, &longestMS); {
+				case en.Extra == "held=true":
+				case err == nil && time.Duration(stallMS)*time.Millisecond >= 2*ttl/3:
+					t.Logf("the new holder stalled %dms during its run, past its renewals of a %v lock: %s", stallMS, ttl, en.Extra)
+					wider = 2 * time.Duration(stallMS) * time.Millisecond
+				default:
+					t.Errorf("new holder lost its lock after the stalled holder woke: %s", en.Extra)
+				}
+				return true, ""
+			}
+			if en.Ev == "cancelled" && en.JobID == j2 {
+				t.Errorf("new holder's handler cancelled (%s) after the stalled one woke", en.Extra)
+				return true, ""
+			}
+		}
+		return false, "job 2 not ended"
+	})
+	return wider
 }
 
 // Promise: under Idempotency a completed record's job is acknowledged
@@ -547,6 +565,7 @@ func TestAttack21GuardStoppedHolderLosesLock(t *testing.T) {
 // effect run after its record completed, a job lost, a dead letter, a
 // processing record or lock left behind.
 func TestAttack21GuardIdempotencyUnderKills(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	e := newA21g(t)
 	ttl, vis := 600*time.Millisecond, 1500*time.Millisecond
 	workers := map[string]*worker{}
@@ -718,6 +737,7 @@ func a21gCheckLeftovers(t *testing.T, e *a21gEnv, ttl time.Duration, keys int) {
 // Catches: a tombstone or unreleased lock that blocks the next job for the
 // TTL (10 s here, conflicts recorded), fences that go back.
 func TestAttack21GuardNextJobTakesReleasedLock(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	e := newA21g(t)
 	ttl := 10 * time.Second
 	w1 := e.worker("w1", 2, ttl, 30*time.Second, true)

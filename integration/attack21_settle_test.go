@@ -254,6 +254,7 @@ var a21Kinds = []string{"ack", "retry", "snooze", "dead"}
 // a settlement retried after a kill without an owner check, settled
 // entries left behind or unsettled ones deleted.
 func TestAttack21_KillsMidBatch(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	e := newA21Env(t)
 	const n = 1600
 	bs := make([]a21Behaviour, n)
@@ -362,6 +363,7 @@ func TestAttack21_KillsMidBatch(t *testing.T) {
 // or dead-letter script without an owner check (extra entries, doubled dead
 // letters), a queued job started after its lease ended.
 func TestAttack21_StoppedWorkerMixed(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	redistest.Widen(t, "vt", time.Second, func(t *testing.T, vt time.Duration) time.Duration {
 		e := newA21Env(t)
 		bs := make([]a21Behaviour, 8)

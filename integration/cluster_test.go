@@ -42,6 +42,7 @@ import (
 // embedded Lua script of the repository must have run, with keys of one
 // slot owned by the node that ran it, on every master.
 func TestCluster(t *testing.T) {
+	t.Parallel() // its own redis-server (or cluster) and subprocesses
 	cl := redistest.StartCluster(t, 3)
 	cc := cl.Client(t)
 	watch := clusterWatch(cc)

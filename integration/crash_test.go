@@ -130,8 +130,17 @@ func TestCrash_afterEffect(t *testing.T) {
 	if d := s.dead(); len(d) != 0 {
 		t.Errorf("dead-letter stream has %d entries, want 0: %v", len(d), d)
 	}
-	if st := crashStop(t, b); st.Reclaimed != 1 || st.Acked != uint64(len(all)-20) || st.Stale != 0 {
-		t.Errorf("worker b stats %+v: want Reclaimed 1, Acked %d, Stale 0", st, len(all)-20)
+	// b reclaims the victim alone, unless b itself stalled past its lease
+	// (a loaded machine: its heartbeat timed out) and so reclaimed its own
+	// jobs again; the ledger checks above still hold then.
+	st := crashStop(t, b)
+	if st.Acked != uint64(len(all)-20) || st.Reclaimed == 0 {
+		t.Errorf("worker b stats %+v: want Acked %d, Reclaimed > 0", st, len(all)-20)
+	}
+	if st.LeaseLost == 0 && (st.Reclaimed != 1 || st.Stale != 0) {
+		t.Errorf("worker b stats %+v: no lease lost, want Reclaimed 1, Stale 0", st)
+	} else if st.LeaseLost != 0 {
+		t.Logf("worker b lost %d leases (it stalled): %+v", st.LeaseLost, st)
 	}
 }
 
