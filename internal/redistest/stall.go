@@ -136,8 +136,10 @@ const WidenRuns = 4
 // probe often enough) checked nothing: it logs why and returns a wider
 // scale, and Widen runs the scenario again with the larger of that and
 // twice the scale. A run returns 0 when it checked what it means to check;
-// its failures are the product's. Widen fails the test if [WidenRuns] runs
-// in a row could not check.
+// its failures are the product's. Widen skips the test, saying so, if
+// [WidenRuns] runs in a row could not check: the machine, not the product,
+// kept the scenario from meaning anything (each run logged why), and a
+// slow machine must not fail a test.
 func Widen(t *testing.T, name string, first time.Duration, scenario func(t *testing.T, scale time.Duration) (wider time.Duration)) {
 	t.Helper()
 	scale := first
@@ -147,7 +149,7 @@ func Widen(t *testing.T, name string, first time.Duration, scenario func(t *test
 			return
 		}
 		if run == WidenRuns {
-			t.Fatalf("%d runs, the last with %s=%v, were too slow for the scenario to check anything", run, name, scale)
+			t.Skipf("NOT CHECKED: %d runs, the last with %s=%v, were too slow for the scenario to check anything (see each run's log)", run, name, scale)
 		}
 		scale = max(wider, 2*scale)
 	}
