@@ -306,13 +306,17 @@ func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
 		}
 		return nil
 	}
-	return lh.hold(ctx, job, l, func(hctx context.Context, job *stream.Job) error {
-		return h.idem.run(hctx, job, recKey, owner, sent, finish)
-	}, func() {
+	// As hold, with one cancellable context for the lock's loss and the
+	// record's (the record's lease cancels the lock's Guard context).
+	l.KeepAlive(context.Background())
+	hctx, cancel := guard.GuardLock(ctx, l)
+	defer func() {
+		cancel(nil)
 		if !lockGone {
 			lh.release(l)
 		}
-	})
+	}()
+	return h.idem.run(hctx, cancel, job, recKey, owner, sent, finish)
 }
 
 // newLockToken returns a random lock holder token, as lockx's.

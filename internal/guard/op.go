@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"context"
 	_ "embed"
 	"encoding/binary"
 	"encoding/hex"
@@ -208,6 +209,10 @@ var (
 	// redisKey (the lock of key), acquired for ttl by a command sent at
 	// sent.
 	AdoptLock func(r *Runner, key, redisKey, token, fence string, ttl time.Duration, sent time.Time) any
+	// GuardLock is (*lockx.Lock).Guard returning the context's
+	// context.CancelCauseFunc, which others (an idempotency lease) may also
+	// call with their cause: one cancellable context for both.
+	GuardLock func(ctx context.Context, lock any) (context.Context, context.CancelCauseFunc)
 	// TakeRelease stops renewing a *lockx.Lock and marks it released, and
 	// returns its Redis key, the value it holds and its TTL (the tombstone's),
 	// or ok false if it was released already.
