@@ -64,7 +64,7 @@ func init() {
 		}
 		return s.r, s.retention, true
 	}
-	guard.BeginOutcome = func(v any) (any, string, error) { return parseBegin(v) }
+	guard.BeginOutcome = func(v any, owner string) (any, error) { return parseBegin(v, owner) }
 }
 
 // Begin implements [Store].
@@ -79,24 +79,26 @@ func (s *RedisStore) Begin(ctx context.Context, key, owner string, lease time.Du
 	if err != nil {
 		return Outcome{}, fmt.Errorf("idem: begin %q: %w", key, err)
 	}
-	o, _, err := parseBegin(v)
+	o, err := parseBegin(v, owner)
 	if err != nil {
 		return Outcome{}, fmt.Errorf("idem: begin %q: %w", key, err)
 	}
 	return o, nil
 }
 
-// parseBegin returns the Outcome of a begin reply of the guard script, and
-// its fourth field (the fence of a fused lock-and-begin).
-func parseBegin(v any) (Outcome, string, error) {
-	f, err := guard.Strings(v, 4)
+// parseBegin returns the Outcome of a begin reply of the guard script for
+// owner: 1 (started for owner), or the record as it is, {status, owner,
+// payload}.
+func parseBegin(v any, owner string) (Outcome, error) {
+	if n, ok := v.(int64); ok && n == 1 {
+		return Outcome{Status: StatusStarted, Owner: owner}, nil
+	}
+	f, err := guard.Strings(v, 3)
 	if err != nil {
-		return Outcome{}, "", err
+		return Outcome{}, err
 	}
 	o := Outcome{Owner: f[1]}
 	switch f[0] {
-	case "started":
-		o.Status = StatusStarted
 	case "in_progress":
 		o.Status = StatusInProgress
 	case "completed":
@@ -108,9 +110,9 @@ func parseBegin(v any) (Outcome, string, error) {
 		o.Status = StatusFailed
 		o.Reason = f[2]
 	default:
-		return Outcome{}, "", fmt.Errorf("record has unknown status %q", f[0])
+		return Outcome{}, fmt.Errorf("record has unknown status %q", f[0])
 	}
-	return o, f[3], nil
+	return o, nil
 }
 
 // Complete implements [Store].

@@ -41,6 +41,9 @@ func init() {
 		}
 		return l
 	}
+	guard.GuardLock = func(ctx context.Context, lock any) (context.Context, context.CancelCauseFunc) {
+		return lock.(*Lock).guard(ctx)
+	}
 	guard.TakeRelease = func(lock any) (string, string, time.Duration, bool) {
 		l := lock.(*Lock)
 		if !l.takeRelease() {
@@ -198,17 +201,25 @@ func (l *Lock) KeepAlive(ctx context.Context) {
 // function that cancels it. It starts no goroutine: call KeepAlive for the
 // lock to be renewed (and its loss noticed) while the work runs.
 func (l *Lock) Guard(ctx context.Context) (context.Context, context.CancelFunc) {
+	gctx, cancel := l.guard(ctx)
+	return gctx, func() { cancel(nil) }
+}
+
+// guard is Guard, returning the context's own cancel function (for
+// guard.GuardLock: one closure less, and a context that others may cancel
+// with their own cause).
+func (l *Lock) guard(ctx context.Context) (context.Context, context.CancelCauseFunc) {
 	gctx, cancel := context.WithCancelCause(NewContext(ctx, l))
 	l.mu.Lock()
 	if l.err != nil {
 		err := l.err
 		l.mu.Unlock()
 		cancel(err)
-		return gctx, func() { cancel(nil) }
+		return gctx, cancel
 	}
 	l.onLost = append(l.onLost, cancel)
 	l.mu.Unlock()
-	return gctx, func() { cancel(nil) }
+	return gctx, cancel
 }
 
 // Lost returns a channel that is closed when the lock is known to be lost:

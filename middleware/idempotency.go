@@ -234,7 +234,7 @@ func (h *idemHandler) Process(ctx context.Context, job *stream.Job) (err error) 
 		return err
 	}
 	sent := time.Now()
-	return h.run(ctx, job, key, owner, sent, func(ctx context.Context, act idemAction, val []byte) error {
+	return h.run(ctx, nil, job, key, owner, sent, func(ctx context.Context, act idemAction, val []byte) error {
 		return h.settle(ctx, key, owner, act, val)
 	})
 }
@@ -311,19 +311,21 @@ const (
 
 // run calls the next handler for a started record (owner's, begun by a
 // command sent at sent), with the record's lease renewed meanwhile when
-// the store is Redis, and settles the record with finish: finish(ctx, act,
+// the store is Redis (its loss cancels ctx with cancel, ctx's own cancel
+// function, or, for cancel nil, a context run makes), and settles the record with finish: finish(ctx, act,
 // val) applies act, without ctx's cancellation and within
 // idemStoreTimeout, and returns the store's error (idem.ErrNotOwner when
 // the caller no longer owns the record).
-func (h *idemHandler) run(ctx context.Context, job *stream.Job, key, owner string, sent time.Time,
+func (h *idemHandler) run(ctx context.Context, cancel context.CancelCauseFunc, job *stream.Job, key, owner string, sent time.Time,
 	finish func(ctx context.Context, act idemAction, val []byte) error) error {
 	claim := &idem.Claim{Key: key, Owner: owner, Store: h.store}
 	hctx := idem.NewContext(ctx, claim)
 	var lease *guard.Lease
 	if h.redis {
-		var cancel context.CancelCauseFunc
-		hctx, cancel = context.WithCancelCause(hctx)
-		defer cancel(nil)
+		if cancel == nil {
+			hctx, cancel = context.WithCancelCause(hctx)
+			defer cancel(nil)
+		}
 		rl := &recordLease{key: key, owner: owner, cancel: cancel}
 		lease = &rl.lease
 		lease.Held = rl

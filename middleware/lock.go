@@ -257,16 +257,19 @@ func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
 	if err != nil {
 		return fmt.Errorf("middleware: lock %q and idempotency begin %q: %w", key, recKey, err)
 	}
-	if f, _ := v.([]any); len(f) == 4 && f[0] == "locked" {
-		return lh.conflict(key)
-	}
-	o, fence, err := guard.BeginOutcome(v)
-	if err != nil {
-		return fmt.Errorf("middleware: idempotency begin %q: %w", recKey, err)
-	}
-	out := o.(idem.Outcome)
-	if done, err := h.idem.notStarted(ctx, job, recKey, out); done {
-		return err
+	fence, started := v.(string) // both taken
+	if !started {
+		if n, ok := v.(int64); ok && n == 0 {
+			return lh.conflict(key)
+		}
+		o, err := guard.BeginOutcome(v, owner)
+		if err != nil {
+			return fmt.Errorf("middleware: idempotency begin %q: %w", recKey, err)
+		}
+		if done, err := h.idem.notStarted(ctx, job, recKey, o.(idem.Outcome)); done {
+			return err
+		}
+		return fmt.Errorf("middleware: idempotency begin %q: %w %v", recKey, guard.ErrReply, v)
 	}
 	adopted := guard.AdoptLock(r, key, lockKey, token, fence, h.cfg.TTL, sent)
 	l, ok := adopted.(*lockx.Lock)
@@ -298,18 +301,22 @@ func (h *fusedHandler) Process(ctx context.Context, job *stream.Job) error {
 		if err != nil {
 			return err
 		}
-		if n, _ := v.([]any); len(n) != 2 || n[0] != int64(1) {
+		if n, _ := guard.Int(v); n&1 != 1 { // the record's reply
 			return idem.ErrNotOwner
 		}
 		return nil
 	}
-	return lh.hold(ctx, job, l, func(hctx context.Context, job *stream.Job) error {
-		return h.idem.run(hctx, job, recKey, owner, sent, finish)
-	}, func() {
+	// As hold, with one cancellable context for the lock's loss and the
+	// record's (the record's lease cancels the lock's Guard context).
+	l.KeepAlive(context.Background())
+	hctx, cancel := guard.GuardLock(ctx, l)
+	defer func() {
+		cancel(nil)
 		if !lockGone {
 			lh.release(l)
 		}
-	})
+	}()
+	return h.idem.run(hctx, cancel, job, recKey, owner, sent, finish)
 }
 
 // newLockToken returns a random lock holder token, as lockx's.

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/internal/leakcheck"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/lockx"
@@ -351,5 +352,40 @@ func TestLock_config(t *testing.T) {
 		Process(t.Context(), &stream.Job{Stream: "s", LockKey: "k"})
 	if err == nil || !strings.Contains(err.Error(), "LockConfig.Prefix") {
 		t.Errorf("Process = %v, want an error naming LockConfig.Prefix", err)
+	}
+}
+
+// Lock fused with Idempotency (same client, same slot): a record lost while
+// the handler runs (here deleted behind its back) cancels the handler's
+// context with a cause matching idem.ErrNotOwner, as Idempotency alone
+// does; the lock and the record share one cancellable context.
+func TestLock_fusedRecordLostCancels(t *testing.T) {
+	t.Parallel()
+	_, q := idemSetup(t)
+	rdb := redistest.Shared(t)
+	store := idem.NewRedisStore(rdb, idem.RedisConfig{}) // on rdb: fused
+	var cause error
+	h := middleware.Lock(rdb, middleware.LockConfig{})(
+		middleware.Idempotency(store, middleware.IdempotencyConfig{Lease: 150 * time.Millisecond})(
+			consumer.HandlerFunc(func(ctx context.Context, job *stream.Job) error {
+				if _, ok := lockx.FromContext(ctx); !ok {
+					return errors.New("no lock in the handler's context")
+				}
+				if err := rdb.Del(ctx, q.record(job.IdempotencyKey)).Err(); err != nil {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					cause = context.Cause(ctx)
+				case <-time.After(5 * time.Second):
+					cause = errors.New("the handler's context was not cancelled")
+				}
+				return cause
+			})))
+	job := q.job("op")
+	job.LockKey = "k1"
+	_ = h.Process(t.Context(), job)
+	if !errors.Is(cause, idem.ErrNotOwner) {
+		t.Fatalf("handler's context ended with %v; want a cause matching idem.ErrNotOwner", cause)
 	}
 }

@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"context"
 	_ "embed"
 	"encoding/binary"
 	"encoding/hex"
@@ -161,7 +162,8 @@ func LockExtend(lock, value string, ttl time.Duration) *Op {
 // LockTTL returns lock's PTTL in ms if it holds value, else -3.
 func LockTTL(lock, value string) *Op { return newOp("lt", lock, "").s(value) }
 
-// RecordBegin begins record for owner; reply: {status, owner, payload, ""}.
+// RecordBegin begins record for owner; reply: 1 (started), else the record
+// as it is, {status, owner, payload}.
 func RecordBegin(record, owner string, lease time.Duration) *Op {
 	return newOp("rb", record, "").s(owner).a(ms(lease))
 }
@@ -184,15 +186,15 @@ func RecordExtend(record, owner string, lease time.Duration) *Op {
 func RecordForget(record, status string) *Op { return newOp("rx", record, "").a(statusArg(status)) }
 
 // LockBegin takes lock and begins record in one step (both in one slot);
-// reply: {status, owner, payload, fence} with status "locked" when the lock
-// is held.
+// reply: the fence (string) when both are taken, 0 when the lock is held,
+// else the record as it is ({status, owner, payload}, as RecordBegin).
 func LockBegin(lock, token string, ttl time.Duration, record, owner string, lease time.Duration) *Op {
 	return newOp("gb", lock, record).s(token).a(ms(ttl)).s(owner).a(ms(lease))
 }
 
 // FinishRelease finishes (status "c", "f") or releases ("r") owner's record,
-// then releases lock (value, tombstone kept for keep); reply: {record reply,
-// lock reply}.
+// then releases lock (value, tombstone kept for keep); reply: the record's
+// reply (1 or 0) + 2 * the lock's (3: both done).
 func FinishRelease(lock, value string, keep time.Duration, record, status, owner string, val []byte, retention time.Duration) *Op {
 	return newOp("gf", lock, record).s(value).a(ms(keep)).a(statusArg(status)).s(owner).b(val).a(ms(retention))
 }
@@ -207,6 +209,10 @@ var (
 	// redisKey (the lock of key), acquired for ttl by a command sent at
 	// sent.
 	AdoptLock func(r *Runner, key, redisKey, token, fence string, ttl time.Duration, sent time.Time) any
+	// GuardLock is (*lockx.Lock).Guard returning the context's
+	// context.CancelCauseFunc, which others (an idempotency lease) may also
+	// call with their cause: one cancellable context for both.
+	GuardLock func(ctx context.Context, lock any) (context.Context, context.CancelCauseFunc)
 	// TakeRelease stops renewing a *lockx.Lock and marks it released, and
 	// returns its Redis key, the value it holds and its TTL (the tombstone's),
 	// or ok false if it was released already.
@@ -219,7 +225,7 @@ var (
 	// StoreOf returns the Runner and retention of an *idem.RedisStore, or
 	// ok false for any other store.
 	StoreOf func(store any) (r *Runner, retention time.Duration, ok bool)
-	// BeginOutcome returns the idem.Outcome of a begin reply ({status,
-	// owner, payload, fence}), and the fence of a fused one.
-	BeginOutcome func(reply any) (outcome any, fence string, err error)
+	// BeginOutcome returns the idem.Outcome of a begin reply for owner
+	// (RecordBegin's, or LockBegin's when the record exists).
+	BeginOutcome func(reply any, owner string) (outcome any, err error)
 )

@@ -6,7 +6,9 @@
 -- ARGV    per operation its code, then its arguments (see below); every
 --         number is a positive integer of milliseconds, tokens and owners
 --         are not empty (op.go builds them; the script does not check)
--- Returns one reply per operation, in order. An operation that cannot be
+-- Returns one reply per operation, in order, saying only what the caller
+--         does not know (a fence, a status code), so that a reply costs the
+--         client as little to parse as it can. An operation that cannot be
 --         applied whole gets its error as {message} (an array of one string:
 --         go-redis stops reading a reply at an error reply inside it that
 --         it types, OOM or NOPERM, and fails every operation of the call)
@@ -42,7 +44,8 @@
 -- Records. Processing: "p<owner>", the lease as TTL; finished:
 -- "<s><n>:<owner><payload>" (s: c completed, f failed; n: owner's length;
 -- payload: the result, or the failure reason), the retention as TTL.
---   rb owner lease      begin: {'started', owner, ''}, {'in_progress',
+--   rb owner lease      begin: 1 when started (the record taken for
+--                       owner), else the record as it is: {'in_progress',
 --                       owner, ''}, {'completed', owner, result} or
 --                       {'failed', owner, reason}
 --   rf owner s val ret  finish the caller's processing record (s: c or f):
@@ -52,14 +55,14 @@
 --   rx s                forget a finished record of status s: 1, 0
 -- Fused (KEYS: the lock, then the record).
 --   gb token ttl owner lease
---                       lock and begin: {'locked', '', '', ''} when the lock
---                       is held; the record's {status, owner, payload, ''}
+--                       lock and begin: 0 when the lock is held; the
+--                       record as it is ({status, owner, payload}, as rb)
 --                       without taking the lock when the record exists;
---                       else both taken: {'started', owner, '', fence}
+--                       else both taken: the new fence (a string, as la)
 --   gf value keep s owner val ret
 --                       finish (s: c or f, as rf) or release (s: r, as rr)
---                       the record, then release the lock (as lr):
---                       {record reply, lock reply}
+--                       the record, then release the lock (as lr): the
+--                       record's reply + 2 * the lock's (3: both done)
 
 -- Cost: a redis.call is the main cost of an operation (more for a write with
 -- a TTL), then redis.acl_check_cmd and string.format: each operation makes
@@ -156,13 +159,13 @@ local names = {c = 'completed', f = 'failed'}
 
 local function report(v)
   if string.sub(v, 1, 1) == 'p' then
-    return {'in_progress', string.sub(v, 2), '', ''}
+    return {'in_progress', string.sub(v, 2), ''}
   end
   local s, owner, payload = parse(v)
   if not names[s or ''] then
     return redis.error_reply('ERR idem: record of unknown format')
   end
-  return {names[s], owner, payload, ''}
+  return {names[s], owner, payload}
 end
 
 -- lock_check returns whether lock k holds value, or nil and the error
@@ -295,7 +298,7 @@ while a <= nargv do
     if e then
       r = e
     elseif held(v) then
-      r = {'locked', '', '', ''}
+      r = 0
     elseif not may(k) then
       r = denied('lock or the record')
     else
@@ -315,7 +318,7 @@ while a <= nargv do
             redis.pcall('DEL', rk)
             r = lv
           else
-            r = {'started', owner, '', f}
+            r = f
           end
         end
       end
@@ -348,7 +351,7 @@ while a <= nargv do
       elseif type(lr) == 'table' then
         r = lr
       else
-        r = {rr, lr}
+        r = rr + 2 * lr
       end
     end
   elseif code == 'rb' then
@@ -357,7 +360,7 @@ while a <= nargv do
     r = begin(k, owner, lease)
     if not r then
       primed = true
-      r = {'started', owner, '', ''}
+      r = 1
     end
   elseif code == 'rf' then
     local owner, s, val, ret = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
