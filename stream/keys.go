@@ -128,37 +128,22 @@ func tagPrefix(stream string) (string, error) {
 	if stream == "" {
 		return "", fmt.Errorf("stream: empty stream name")
 	}
+	if strings.Contains(stream, "~") {
+		// '~' appears only in the names of partitions, exactly as
+		// Partitions makes them, so that a Redis ACL pattern "~{orders~*"
+		// covers the keys of queue orders's partitions and nothing else.
+		if _, _, _, ok := ParsePartition(stream); !ok {
+			return "", fmt.Errorf("stream: name %.64q has '~': '~' is reserved for the names of partitions, exactly as Partitions makes them", stream)
+		}
+		return stream, nil
+	}
 	if s := strings.IndexByte(stream, '{'); s >= 0 {
 		if e := strings.IndexByte(stream[s+1:], '}'); e > 0 {
-			if tag := stream[s+1 : s+1+e]; strings.Contains(tag, "~") && !isPartitionTag(tag) {
-				return "", fmt.Errorf("stream: name %.64q has '~' in its hash tag: '~' is reserved for the names of partitions (see Partitions)", stream)
-			}
 			return stream, nil // has a hash tag: suffixes keep it
 		}
 	}
 	if strings.ContainsAny(stream, "{}") {
 		return "", fmt.Errorf("stream: name %.64q has braces that form no hash tag; use a name without braces or with a non-empty {tag}", stream)
 	}
-	if strings.Contains(stream, "~") {
-		return "", fmt.Errorf("stream: name %.64q has '~': '~' is reserved for the names of partitions (see Partitions)", stream)
-	}
 	return "{" + stream + "}", nil
-}
-
-// isPartitionTag reports whether tag has the shape of a partition's hash
-// tag, <queue>~<n>~<i>~<k> with a queue without '~' and decimal n, i, k.
-// '~' appears in no other stream name, so that a Redis ACL pattern
-// "~{orders~*" covers the keys of queue orders's partitions and nothing
-// else.
-func isPartitionTag(tag string) bool {
-	parts := strings.Split(tag, "~")
-	if len(parts) != 4 || parts[0] == "" {
-		return false
-	}
-	for _, p := range parts[1:] {
-		if p == "" || strings.Trim(p, "0123456789") != "" {
-			return false
-		}
-	}
-	return true
 }
