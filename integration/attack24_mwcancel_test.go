@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/idem"
 	"github.com/pelicanqueue/pelican/internal/poll"
@@ -27,8 +29,18 @@ import (
 
 func TestAttack24MiddlewareShutdownMidJob(t *testing.T) {
 	t.Parallel()
+	for _, proto := range []int{2, 3} {
+		t.Run(fmt.Sprintf("resp%d", proto), func(t *testing.T) {
+			t.Parallel()
+			rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(), Protocol: proto})
+			t.Cleanup(func() { rdb.Close() })
+			attack24MiddlewareShutdown(t, rdb)
+		})
+	}
+}
+
+func attack24MiddlewareShutdown(t *testing.T, rdb *redis.Client) {
 	ctx := context.Background()
-	rdb := redistest.Shared(t)
 	s := redistest.Name(t)
 	t.Cleanup(func() { rdb.Del(context.Background(), s); redistest.DeleteKeys(rdb, "{"+s+"}:*") })
 
