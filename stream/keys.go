@@ -130,10 +130,13 @@ func tagPrefix(stream string) (string, error) {
 	}
 	if strings.Contains(stream, "~") {
 		// '~' appears only in the names of partitions, exactly as
-		// Partitions makes them, so that a Redis ACL pattern "~{orders~*"
-		// covers the keys of queue orders's partitions and nothing else.
-		if _, _, _, ok := ParsePartition(stream); !ok {
-			return "", fmt.Errorf("stream: name %.64q has '~': '~' is reserved for the names of partitions, exactly as Partitions makes them", stream)
+		// Partitions makes them, and in the names of their keys
+		// ("<partition>:<suffix>", a dead-letter stream say), so that a
+		// Redis ACL pattern "~{orders~*" covers the keys of queue orders's
+		// partitions and nothing else.
+		p, rest, _ := strings.Cut(stream, "}")
+		if _, _, _, ok := ParsePartition(p + "}"); !ok || rest != "" && (rest[0] != ':' || strings.Contains(rest, "~")) {
+			return "", fmt.Errorf("stream: name %.64q has '~': '~' is reserved for the names of partitions, exactly as Partitions makes them, and of their keys", stream)
 		}
 		return stream, nil
 	}
