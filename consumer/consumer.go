@@ -44,6 +44,7 @@ type Consumer struct {
 	room      room            // places for fresh jobs the consumer may take in (see takeRoom)
 	ready     chan *task      // fresh jobs queued for the workers
 	base      context.Context // parent of the handlers' contexts
+	values    context.Context // Run's context, whose values base carries (see jobCtx)
 	ackCh     chan ackItem
 	ackWant   atomic.Int64  // while the ack loop waits: how many queued items wake it (see fillAcks)
 	ackKick   chan struct{} // wakes the waiting ack loop; capacity 1
@@ -161,7 +162,7 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	c.room.kick = make(chan struct{}, 1)
 	c.freeRoom(c.roomSize())
 	c.ready = make(chan *task, c.roomSize())
-	c.base = context.WithoutCancel(ctx)
+	c.base, c.values = context.WithoutCancel(ctx), ctx
 	c.ackCh = make(chan ackItem, 4*r.Concurrency+256)
 	c.ackKick = make(chan struct{}, 1)
 	c.retryCh = make(chan *retryReq, 2*r.Concurrency+maxRetryBatch)

@@ -86,7 +86,7 @@ func (c *Consumer) dispatch(d delivery, fresh bool, now time.Time) {
 		return
 	}
 	t := &task{id: d.id, d: d, lease: lease{renewed: d.at}, suspect: c.isSuspect(d, fresh), policy: &c.r.pol}
-	t.vctx = jobCtx{Context: c.base, t: t}
+	t.vctx = jobCtx{Context: c.base, t: t, values: c.values}
 	ctx, cancel := context.WithCancelCause(&t.vctx)
 	t.ctx, t.cancel = ctx, cancel
 	if d.cancelled {
@@ -403,18 +403,24 @@ func (c *Consumer) call(ctx context.Context, job *stream.Job) (err error) {
 type jobKey struct{}
 
 // jobCtx is the parent of a job's handler context: the consumer's base
-// context with the job's task as the value of jobKey.
+// context (never done) with the job's task as the value of jobKey.
 type jobCtx struct {
 	context.Context
 	t *task
+	// values is the context Run was given, whose values base carries:
+	// looking them up through base (a context.WithoutCancel) would allocate
+	// on every lookup. Nothing cancellable is found through it: the context
+	// package looks a cancel parent up only under a parent whose Done is
+	// not nil, and base's is.
+	values context.Context
 }
 
-// Value returns the task for jobKey, else the base context's value.
+// Value returns the task for jobKey, else the value Run's context holds.
 func (c *jobCtx) Value(key any) any {
 	if _, ok := key.(jobKey); ok {
 		return c.t
 	}
-	return c.Context.Value(key)
+	return c.values.Value(key)
 }
 
 // taskOf returns the task whose handler context is ctx, or nil.

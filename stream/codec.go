@@ -67,7 +67,7 @@ func Encode(j *Job) []any {
 func AppendEncode(dst []any, j *Job) []any {
 	// Room for every field at once: growing the slice would copy it, and a
 	// closure appending to it would move it to the heap.
-	f := slices.Grow(dst, 2*(ownFields+len(j.Headers)+len(j.Extra)))
+	f := slices.Grow(dst, encodedCap(j))
 	f = append(f, FieldVersion, "1", FieldType, j.Type, FieldPayload, j.Payload)
 	if j.ID != "" {
 		f = append(f, FieldJobID, j.ID)
@@ -124,6 +124,9 @@ func AppendEncode(dst []any, j *Job) []any {
 	}
 	return f
 }
+
+// encodedCap is the most values AppendEncode appends for j.
+func encodedCap(j *Job) int { return 2 * (ownFields + len(j.Headers) + len(j.Extra)) }
 
 // isFormatField reports whether name is a field of wire format v1, a header
 // field (h.<name>) included.

@@ -118,8 +118,8 @@ func (p *Producer) EnqueueIn(ctx context.Context, job *Job, d time.Duration) err
 }
 
 func (p *Producer) schedule(ctx context.Context, job *Job, mode string, ms int64) error {
-	args, err := p.args(ctx, job)
-	if err != nil {
+	var args redis.XAddArgs
+	if _, err := p.args(ctx, job, &args, nil); err != nil {
 		return err
 	}
 	member := EncodeDelayed(job.ID, args.Values.([]any))

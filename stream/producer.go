@@ -146,8 +146,8 @@ func NewProducer(rdb redis.UniversalClient, cfg ProducerConfig) *Producer {
 // job.ID to a new UUIDv7 when it is empty. See [Producer] for what an error
 // means.
 func (p *Producer) Enqueue(ctx context.Context, job *Job) (string, error) {
-	args, err := p.args(ctx, job)
-	if err != nil {
+	args := new(redis.XAddArgs)
+	if _, err := p.args(ctx, job, args, nil); err != nil {
 		return "", err
 	}
 	if p.scripted(job) {
@@ -179,13 +179,23 @@ func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, err
 	if len(jobs) == 0 {
 		return nil, nil
 	}
+	// One array of arguments and one of field values for the whole batch,
+	// not two allocations per job (go-redis copies the values it sends).
 	all := make([]*redis.XAddArgs, len(jobs))
+	args := make([]redis.XAddArgs, len(jobs))
+	size := 0
+	for _, j := range jobs {
+		if j != nil {
+			size += encodedCap(j)
+		}
+	}
+	values := make([]any, 0, size)
 	for i, j := range jobs {
-		args, err := p.args(ctx, j)
-		if err != nil {
+		var err error
+		if values, err = p.args(ctx, j, &args[i], values); err != nil {
 			return nil, fmt.Errorf("stream: batch job %d: %w", i, err)
 		}
-		all[i] = args
+		all[i] = &args[i]
 	}
 	return p.send(ctx, jobs, all)
 }
@@ -194,31 +204,37 @@ func (p *Producer) EnqueueBatch(ctx context.Context, jobs []*Job) ([]string, err
 // EnqueueBatch) rather than by a plain XADD.
 func (p *Producer) scripted(job *Job) bool { return job.Track || p.once(job) }
 
-func (p *Producer) args(ctx context.Context, job *Job) (*redis.XAddArgs, error) {
+// args checks job, gives it an ID, runs ProducerConfig.Prepare, and sets
+// *dst to its XADD: its fields are appended to values (a batch's shared
+// array), which it returns extended.
+func (p *Producer) args(ctx context.Context, job *Job, dst *redis.XAddArgs, values []any) ([]any, error) {
 	if p.err != nil {
-		return nil, p.err
+		return values, p.err
 	}
 	if job == nil || job.Type == "" {
-		return nil, errors.New("stream: job has no Type")
+		return values, errors.New("stream: job has no Type")
 	}
 	if err := p.ensureID(job); err != nil {
-		return nil, err
+		return values, err
 	}
 	if p.cfg.Track {
 		job.Track = true
 	}
 	if job.Track && len(job.ID) > MaxTrackedIDBytes {
-		return nil, fmt.Errorf("stream: a tracked job's ID must be at most %d bytes (MaxTrackedIDBytes), got %d", MaxTrackedIDBytes, len(job.ID))
+		return values, fmt.Errorf("stream: a tracked job's ID must be at most %d bytes (MaxTrackedIDBytes), got %d", MaxTrackedIDBytes, len(job.ID))
 	}
 	if p.cfg.Prepare != nil {
 		p.cfg.Prepare(ctx, job)
 	}
-	return &redis.XAddArgs{
+	start := len(values)
+	values = AppendEncode(values, job)
+	*dst = redis.XAddArgs{
 		Stream: p.cfg.Stream,
 		MaxLen: p.cfg.MaxLen,
 		Approx: p.cfg.MaxLen > 0,
-		Values: Encode(job),
-	}, nil
+		Values: values[start:len(values):len(values)],
+	}
+	return values, nil
 }
 
 // validOnceNamespace reports whether ns may name enqueue-once markers (see
