@@ -484,13 +484,29 @@ func (p *Pool) Health() PoolHealth {
 	if len(qs) == 0 {
 		h.Problem = "no queue: call Pool.Add"
 	}
+	// Every queue's slots read at one moment (the pool's queues share one
+	// budget), so that Running adds up to no more than the budget holds.
+	used := make([][2]int, len(qs))
+	var locked *budget
+	for i, s := range shares {
+		if s == nil {
+			continue
+		}
+		if s.b != locked {
+			if locked != nil {
+				locked.mu.Unlock()
+			}
+			locked = s.b
+			locked.mu.Lock()
+		}
+		used[i] = [2]int{s.used, len(s.waiters)}
+	}
+	if locked != nil {
+		locked.mu.Unlock()
+	}
 	for i, q := range qs {
 		qh := QueueHealth{Stream: q.cfg.Stream, Group: q.cfg.Group, Health: q.c.Health()}
-		if s := shares[i]; s != nil {
-			s.b.mu.Lock()
-			qh.Running, qh.Waiting = s.used, len(s.waiters)
-			s.b.mu.Unlock()
-		}
+		qh.Running, qh.Waiting = used[i][0], used[i][1]
 		if !qh.Ready && h.Ready {
 			h.Ready = false
 			h.Problem = fmt.Sprintf("queue %q: %s", qh.Stream, qh.Problem)
