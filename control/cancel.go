@@ -60,7 +60,10 @@ const maxSameDue = 1000
 // stream.DefaultTrackTTL (consumer.Config.TrackTTL when a consumer settled
 // it), so that [Lookup] reports it. A job done, dead or cancelled returns
 // [ErrJobFinished], and one without a record [ErrUnknownJob] (wrapped, with
-// the state); neither changes anything.
+// the state); neither changes anything. An error from Redis says "(nothing
+// changed)" when Redis refused the script before it wrote anything, and
+// "(outcome unknown)" when the reply was lost (the job may be cancelled:
+// [Lookup] says, and asking again is safe); both wrap the go-redis error.
 func Cancel(ctx context.Context, rdb redis.UniversalClient, streamName, jobID string) (string, error) {
 	keys, err := stream.KeysFor(streamName)
 	if err != nil {

@@ -106,13 +106,18 @@ func DecodeDelayed(member string) (key string, fields []string, err error) {
 // job with an IdempotencyKey is scheduled at most once while its marker
 // lives (until its due time plus the window): a repeat schedules nothing,
 // moves nothing, and sets job.ID to the first job's ID.
+//
+// An error says "(not scheduled)" when Redis refused the script before it
+// wrote anything, and "(outcome unknown)" when the reply was lost (the job
+// may be scheduled), exact under the same terms as Enqueue's "(not
+// enqueued)" (see [Producer]); both wrap the go-redis error.
 func (p *Producer) EnqueueAt(ctx context.Context, job *Job, t time.Time) error {
 	return p.schedule(ctx, job, "at", t.UnixMilli())
 }
 
 // EnqueueIn schedules job to be added to the stream after d, measured by
 // the Redis server's clock, so that producers and consumers with skewed
-// clocks agree on when it is due.
+// clocks agree on when it is due. Its errors are EnqueueAt's.
 func (p *Producer) EnqueueIn(ctx context.Context, job *Job, d time.Duration) error {
 	return p.schedule(ctx, job, "in", d.Milliseconds())
 }
