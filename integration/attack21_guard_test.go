@@ -257,6 +257,21 @@ func (e *a21gEnv) enqueue(lockKey, idemKey string, b a21gBehaviour) string {
 	return j.ID
 }
 
+// started waits for the ledger's start entry of job jobID and returns it.
+func (e *a21gEnv) started(jobID string) a21gEntry {
+	var start a21gEntry
+	eventually(e.t, 60*time.Second, func() (bool, string) {
+		for _, en := range a21gLedger(e.t, e.ledger) {
+			if en.Ev == "start" && en.JobID == jobID {
+				start = en
+				return true, ""
+			}
+		}
+		return false, "job " + jobID + " not started"
+	})
+	return start
+}
+
 func (e *a21gEnv) settled() (bool, string) {
 	ctx := context.Background()
 	pe, err := e.rdb.XPending(ctx, e.name, "g").Result()
@@ -488,16 +503,7 @@ func a21gStoppedHolder(t *testing.T, ttl time.Duration, withIdem bool) (wider ti
 	e := newA21g(t)
 	w1 := e.worker("w1", 2, ttl, 60*time.Second, withIdem)
 	j1 := e.enqueue("acct", "op-1", a21gBehaviour{Hold: true})
-	var start1 a21gEntry
-	eventually(t, 60*time.Second, func() (bool, string) {
-		for _, en := range a21gLedger(t, e.ledger) {
-			if en.Ev == "start" && en.JobID == j1 {
-				start1 = en
-				return true, ""
-			}
-		}
-		return false, "job 1 not started"
-	})
+	start1 := e.started(j1)
 	w1.stop()
 	rk := e.keys.Lock + "{acct}"
 	eventually(t, 60*time.Second, func() (bool, string) {
@@ -506,16 +512,7 @@ func a21gStoppedHolder(t *testing.T, ttl time.Duration, withIdem bool) (wider ti
 	})
 	e.worker("w2", 2, ttl, 60*time.Second, withIdem)
 	j2 := e.enqueue("acct", "op-2", a21gBehaviour{WorkMS: 3000})
-	var start2 a21gEntry
-	eventually(t, 60*time.Second, func() (bool, string) {
-		for _, en := range a21gLedger(t, e.ledger) {
-			if en.Ev == "start" && en.JobID == j2 {
-				start2 = en
-				return true, ""
-			}
-		}
-		return false, "job 2 not started"
-	})
+	start2 := e.started(j2)
 	if start2.Fence <= start1.Fence {
 		t.Errorf("fence of the new holder %d not above the stalled one's %d", start2.Fence, start1.Fence)
 	}
