@@ -271,6 +271,21 @@ func (c *Consumer) decode(d delivery) (job *stream.Job, reason string, deadError
 	return job, "", nil
 }
 
+// verdict is the decision for a job dead-lettered without running: reason
+// is ReasonMalformed (job nil) or ReasonCrashed. It is final whatever became
+// of ctx meanwhile: a lease that ended while the job waited (its heartbeat
+// late under load) would make Decide call it abandoned, and the dead letter
+// was then written with no reason. Settling it is safe all the same: the
+// dead-letter script is owner-checked, so a job another consumer took over
+// is not settled here.
+func verdict(ctx context.Context, job *stream.Job, d delivery, reason string, err error) Decision {
+	dec := Decide(context.WithoutCancel(ctx), job, Dead(reason, err))
+	if job == nil {
+		dec.Attempt = d.deliveries
+	}
+	return dec
+}
+
 // runEnd is how a job's run ended.
 type runEnd int
 
@@ -301,10 +316,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 	}
 	c.mu.Unlock()
 	if reason != "" {
-		dec := Decide(ctx, job, Dead(reason, deadError))
-		if job == nil {
-			dec.Attempt = d.deliveries
-		}
+		dec := verdict(ctx, job, d, reason, deadError)
 		r := c.deadRequest(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
 		r.room, t.room = t.room, false
 		c.settleDead(ctx, r, t.suspect) // the retry loop leaves the in-flight set

@@ -1,8 +1,12 @@
 package consumer
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"testing"
+
+	"github.com/pelicanqueue/pelican/stream"
 )
 
 // closed reports whether ch is closed, without waiting.
@@ -53,4 +57,32 @@ func TestTask_doneChan(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestVerdict_leaseEnded: a job dead-lettered without running (malformed,
+// or crashed MaxCrashes times) keeps its reason when its lease ended while
+// it waited (its context cancelled with ErrLeaseLost). Decide on that
+// context calls it abandoned; the dead letter was then written with an
+// empty reason (TestAttack9_poison_severalAtOnce_sameNamesSlowRestart saw
+// dead_reason "" under load).
+func TestVerdict_leaseEnded(t *testing.T) {
+	t.Parallel()
+	for _, reason := range []string{ReasonCrashed, ReasonMalformed} {
+		t.Run(reason, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancelCause(context.Background())
+			cancel(errLeaseExpired)
+			var job *stream.Job
+			if reason == ReasonCrashed {
+				job = &stream.Job{ID: "j", Attempt: 2}
+			}
+			dec := verdict(ctx, job, delivery{id: "1-1", deliveries: 4}, reason, errors.New("cause"))
+			if dec.Kind != KindDead || dec.Reason != reason {
+				t.Fatalf("verdict after the lease ended = %v %q, want dead with reason %q", dec.Kind, dec.Reason, reason)
+			}
+			if job == nil && dec.Attempt != 4 {
+				t.Errorf("malformed entry's attempt = %d, want its deliveries (4)", dec.Attempt)
+			}
+		})
+	}
 }
