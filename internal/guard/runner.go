@@ -24,6 +24,12 @@ type Runner struct {
 	queue []*call
 	busy  bool // a caller is sending
 
+	// postTimer sends posted operations that no caller sent within
+	// PostDelay; postArmed: it is set (or its function has yet to run).
+	postTimer *time.Timer
+	postArmed bool
+	postDelay time.Duration // PostDelay; tests change it
+
 	wd watchdog
 }
 
@@ -41,7 +47,7 @@ func Of(rdb redis.UniversalClient) *Runner {
 }
 
 func newRunner(rdb redis.UniversalClient) *Runner {
-	r := &Runner{rdb: rdb}
+	r := &Runner{rdb: rdb, postDelay: PostDelay}
 	r.wd.r = r
 	return r
 }
@@ -64,6 +70,12 @@ const (
 
 // postTimeout bounds a call sent for posted operations alone.
 const postTimeout = 5 * time.Second
+
+// PostDelay bounds how long a posted operation waits for a caller of Do or
+// Settle to send it with its own before the Runner sends it alone: posted
+// releases of jobs that follow each other closely ride the next job's call
+// instead of costing a goroutine and a round trip each.
+const PostDelay = time.Millisecond
 
 // Do sends op, together with the operations of other callers that arrive
 // meanwhile, and returns its reply: an error when the call failed (the
@@ -142,6 +154,9 @@ func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, with
 	} else {
 		r.busy = true
 		r.queue = append(r.queue, c)
+		if r.postArmed && r.postTimer.Stop() { // the posted ones go now
+			r.postArmed = false
+		}
 	}
 	r.lead(context.WithoutCancel(ctx), c)
 	return c.reply, c.err
@@ -150,30 +165,53 @@ func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, with
 // Post queues op to be sent as Do would, without waiting for it or its
 // reply: for an operation whose reply changes nothing for the caller (a
 // release). It is sent before every operation queued after it (Send keeps
-// the order of the operations of one slot that can depend on each other).
+// the order of the operations of one slot that can depend on each other):
+// with the call in flight's successor if there is one, else with the next
+// call of Do or Settle, or alone once PostDelay has passed without one.
 func (r *Runner) Post(op *Op) {
 	c := &call{op: op, posted: true}
 	r.mu.Lock()
 	r.queue = append(r.queue, c)
-	if r.busy {
+	if !r.busy {
+		r.armPost()
+	}
+	r.mu.Unlock()
+}
+
+// armPost, called with r.mu held while nobody sends, has the queue's posted
+// operations sent after PostDelay unless a caller sends them first.
+func (r *Runner) armPost() {
+	if r.postArmed {
+		return
+	}
+	r.postArmed = true
+	if r.postTimer == nil {
+		r.postTimer = time.AfterFunc(r.postDelay, r.sendPosted)
+		return
+	}
+	r.postTimer.Reset(r.postDelay)
+}
+
+// sendPosted sends the queue's posted operations if nobody is sending.
+func (r *Runner) sendPosted() {
+	r.mu.Lock()
+	r.postArmed = false
+	if r.busy || len(r.queue) == 0 {
 		r.mu.Unlock()
 		return
 	}
 	r.busy = true
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
-		defer cancel()
-		r.mu.Lock()
-		r.lead(ctx, nil)
-	}()
-	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
+	defer cancel()
+	r.lead(ctx, nil)
 }
 
 // lead, called with r.mu held and r.busy set, sends the queue's operations
 // in calls of at most MaxBatch, from its head, until c's reply is in (all
 // that were queued, for c nil), then hands the lead to the first caller
-// still waiting in the queue, or to a goroutine if only posted operations
-// are left, and returns with r.mu released.
+// still waiting in the queue (if only posted operations are left, they are
+// sent by the next caller or after PostDelay), and returns with r.mu
+// released.
 func (r *Runner) lead(ctx context.Context, c *call) {
 	for {
 		n := min(len(r.queue), MaxBatch)
@@ -212,18 +250,11 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 			return
 		}
 	}
-	if len(r.queue) == 0 {
-		r.busy = false
-		r.mu.Unlock()
-		return
+	r.busy = false
+	if len(r.queue) > 0 {
+		r.armPost()
 	}
 	r.mu.Unlock()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
-		defer cancel()
-		r.mu.Lock()
-		r.lead(ctx, nil)
-	}()
 }
 
 // Send runs ops at once and returns each operation's reply and error: one
