@@ -36,7 +36,7 @@ type Op struct {
 	nkeys int
 	nargs int
 	nstr  int
-	slot  int
+	slot  int  // the keys' cluster slot, set by Send on a cluster client
 	grows bool // a take: first in its call (Send)
 }
 
@@ -47,16 +47,13 @@ type bytesArg []byte
 // MarshalBinary implements encoding.BinaryMarshaler, which go-redis writes.
 func (b *bytesArg) MarshalBinary() ([]byte, error) { return *b, nil }
 
-// Slot returns the cluster slot of the operation's keys.
-func (o *Op) Slot() int { return o.slot }
-
 func (o *Op) keys() []string { return o.key[:o.nkeys] }
 func (o *Op) args() []any    { return o.argv[:o.nargs] }
 
 // newOp returns the operation code on keys (one or two); its arguments
 // follow with s, b and a.
 func newOp(code string, key0, key1 string) *Op {
-	o := &Op{nkeys: 1, nargs: 1, slot: keyslot.Of(key0)}
+	o := &Op{nkeys: 1, nargs: 1}
 	o.grows = code == "la" || code == "rb" || code == "gb"
 	o.key[0], o.key[1] = key0, key1
 	if key1 != "" {

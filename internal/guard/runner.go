@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/keyslot"
 )
 
 // MaxBatch bounds the operations of one round trip (and so the work of one
@@ -18,7 +20,8 @@ const MaxBatch = 128
 // Runner sends the operations of one Redis client, batched, and renews its
 // held leases. It is safe for concurrent use.
 type Runner struct {
-	rdb redis.UniversalClient
+	rdb     redis.UniversalClient
+	sharded bool // not a *redis.Client: its keys may live on several nodes
 
 	mu    sync.Mutex
 	queue []*call
@@ -47,7 +50,8 @@ func Of(rdb redis.UniversalClient) *Runner {
 }
 
 func newRunner(rdb redis.UniversalClient) *Runner {
-	r := &Runner{rdb: rdb, postDelay: PostDelay}
+	_, single := rdb.(*redis.Client)
+	r := &Runner{rdb: rdb, sharded: !single, postDelay: PostDelay}
 	r.wd.r = r
 	return r
 }
@@ -258,7 +262,8 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 }
 
 // Send runs ops at once and returns each operation's reply and error: one
-// script call per cluster slot, the calls in one pipeline. In a call, the
+// script call per cluster slot (one for every slot on a *redis.Client,
+// which has a single node), the calls in one pipeline. In a call, the
 // operations that take (a lock, a record) come before those that finish,
 // release or extend: under maxmemory Redis refuses a script's first write
 // if it needs memory, and only until the script has written, so takes sent
@@ -271,6 +276,11 @@ func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
 	replies, errs := make([]any, len(ops)), make([]error, len(ops))
 	if len(ops) == 0 {
 		return replies, errs
+	}
+	if r.sharded {
+		for _, op := range ops {
+			op.slot = keyslot.Of(op.key[0])
+		}
 	}
 	calls := plan(ops)
 	if len(calls) == 1 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelicanqueue/pelican/internal/keyslot"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 )
 
@@ -593,5 +594,41 @@ func TestRunner_Post_sentAloneAfterDelay(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
+	}
+}
+
+// On a *redis.Client (one node) the operations of keys in different slots
+// go in one script call: no slot is computed.
+func TestRunner_Send_oneCallOnOneNode(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := redistest.Prefix(t, shared)
+	defer redistest.DeleteKeys(shared, "{"+prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	trips := &roundTrips{}
+	rdb.AddHook(trips)
+	r := newRunner(rdb)
+	var ops []*Op
+	slots := map[int]bool{}
+	for i := range 8 {
+		k := "{" + prefix + "-" + strconv.Itoa(i) + "}:lock"
+		slots[keyslot.Of(k)] = true
+		ops = append(ops, LockAcquire(k, "t", time.Minute))
+	}
+	if len(slots) < 2 {
+		t.Fatalf("the keys share one slot")
+	}
+	replies, errs := r.Send(t.Context(), ops)
+	for i := range ops {
+		if _, ok := replies[i].(string); errs[i] != nil || !ok {
+			t.Fatalf("op %d: %v, %v; want a fence", i, replies[i], errs[i])
+		}
+	}
+	if c := trips.scripts.Load(); c != 1 {
+		t.Errorf("%d script calls for keys in %d slots on one node, want 1", c, len(slots))
 	}
 }
