@@ -27,7 +27,9 @@ var (
 // []byte arguments are sent by pointer into the Op (go-redis writes a
 // *string, and a []byte through its BinaryMarshaler), so that boxing them
 // as command arguments allocates nothing; its keys are plain strings, as
-// go-redis's cluster routing and its users' hooks read them.
+// go-redis's cluster routing and its users' hooks read them. An Op is
+// given to the Runner once (Do, Settle, Post or Send): its passage through
+// the queue is part of it.
 type Op struct {
 	key   [2]string
 	str   [4]string // the string arguments, argv points at them
@@ -38,6 +40,7 @@ type Op struct {
 	nstr  int
 	slot  int  // the keys' cluster slot, set by Send on a cluster client
 	grows bool // a take: first in its call (Send)
+	call  call // its passage through the Runner's queue (Do, Settle, Post)
 }
 
 // bytesArg is a []byte command argument that a pointer to it boxes without

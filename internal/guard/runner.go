@@ -33,6 +33,13 @@ type Runner struct {
 	postArmed bool
 	postDelay time.Duration // PostDelay; tests change it
 
+	// The leader's buffers, empty between its batches (used by the one
+	// caller that has set busy).
+	lbatch   []*call
+	lops     []*Op
+	lreplies []any
+	lerrs    []error
+
 	wd watchdog
 }
 
@@ -56,6 +63,8 @@ func newRunner(rdb redis.UniversalClient) *Runner {
 	return r
 }
 
+// call is an operation on its way through the queue: a part of its Op
+// (one allocation), an Op being sent once.
 type call struct {
 	op     *Op
 	reply  any
@@ -103,13 +112,26 @@ func (r *Runner) Settle(ctx context.Context, op *Op, within time.Duration) (any,
 // timers are the stopped timers of Settle's waits, for reuse.
 var timers sync.Pool
 
+// wakes are the empty wake channels of calls that returned, for reuse.
+var wakes sync.Pool
+
+// wakeChan returns an empty wake channel.
+func wakeChan() chan struct{} {
+	if w, ok := wakes.Get().(chan struct{}); ok {
+		return w
+	}
+	return make(chan struct{}, 1)
+}
+
 // do is Do, withdrawing op from the queue when cancelled is closed (with ctx's
 // cause) or, for within > 0, after within (context.DeadlineExceeded).
 func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, within time.Duration) (any, error) {
-	c := &call{op: op}
+	c := &op.call
+	*c = call{op: op}
 	r.mu.Lock()
 	if r.busy {
-		c.wake = make(chan struct{}, 1)
+		c.wake = wakeChan()
+		defer wakes.Put(c.wake) // empty once do returns: one signal, taken
 		r.queue = append(r.queue, c)
 		r.mu.Unlock()
 		var timeout <-chan time.Time
@@ -173,7 +195,8 @@ func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, with
 // with the call in flight's successor if there is one, else with the next
 // call of Do or Settle, or alone once PostDelay has passed without one.
 func (r *Runner) Post(op *Op) {
-	c := &call{op: op, posted: true}
+	c := &op.call
+	*c = call{op: op, posted: true}
 	r.mu.Lock()
 	r.queue = append(r.queue, c)
 	if !r.busy {
@@ -219,8 +242,7 @@ func (r *Runner) sendPosted() {
 func (r *Runner) lead(ctx context.Context, c *call) {
 	for {
 		n := min(len(r.queue), MaxBatch)
-		batch := make([]*call, n)
-		copy(batch, r.queue)
+		batch := append(r.lbatch[:0], r.queue[:n]...)
 		r.queue = append(r.queue[:0], r.queue[n:]...)
 		for _, b := range batch {
 			if b != c {
@@ -229,11 +251,11 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 		}
 		r.mu.Unlock()
 
-		ops := make([]*Op, n)
-		for i, b := range batch {
-			ops[i] = b.op
+		ops := r.lops[:0]
+		for _, b := range batch {
+			ops = append(ops, b.op)
 		}
-		replies, errs := r.Send(ctx, ops)
+		replies, errs := r.send(ctx, ops, r.lreplies, r.lerrs)
 
 		r.mu.Lock()
 		for i, b := range batch {
@@ -242,6 +264,11 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 				b.wake <- struct{}{}
 			}
 		}
+		clear(batch)
+		clear(ops)
+		clear(replies)
+		clear(errs)
+		r.lbatch, r.lops, r.lreplies, r.lerrs = batch[:0], ops[:0], replies[:0], errs[:0]
 		if c != nil && c.state == done || len(r.queue) == 0 {
 			break
 		}
@@ -273,7 +300,19 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 // before it (an acquire before the posted release of its key): such takes go
 // in a second call of the slot, after the first.
 func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
-	replies, errs := make([]any, len(ops)), make([]error, len(ops))
+	return r.send(ctx, ops, nil, nil)
+}
+
+// send is Send, setting the replies and errors in replies and errs (empty,
+// grown to len(ops) if they are shorter) and returning them.
+func (r *Runner) send(ctx context.Context, ops []*Op, replies []any, errs []error) ([]any, []error) {
+	if cap(replies) < len(ops) {
+		replies = make([]any, len(ops))
+	}
+	if cap(errs) < len(ops) {
+		errs = make([]error, len(ops))
+	}
+	replies, errs = replies[:len(ops)], errs[:len(ops)]
 	if len(ops) == 0 {
 		return replies, errs
 	}
@@ -405,31 +444,43 @@ func plan(ops []*Op) [][]int {
 		if seen {
 			continue
 		}
-		var takes, others, after []int
+		n, nt := 0, 0
 		for j := i; j < len(ops); j++ {
-			switch o := ops[j]; {
-			case o.slot != op.slot:
-			case o.grows:
-				takes = append(takes, j)
-			default:
-				others = append(others, j)
+			if o := ops[j]; o.slot == op.slot {
+				n++
+				if o.grows {
+					nt++
+				}
 			}
 		}
-		if len(takes) > 0 && len(others) > 0 {
-			kept := takes[:0]
-			for _, j := range takes {
+		idx := make([]int, 0, n) // the takes, then the others
+		for j := i; j < len(ops); j++ {
+			if o := ops[j]; o.slot == op.slot && o.grows {
+				idx = append(idx, j)
+			}
+		}
+		for j := i; j < len(ops); j++ {
+			if o := ops[j]; o.slot == op.slot && !o.grows {
+				idx = append(idx, j)
+			}
+		}
+		if nt > 0 && nt < n {
+			others := idx[nt:]
+			kept := idx[:0]
+			var after []int
+			for _, j := range idx[:nt] {
 				if shares(ops[j], ops, others) {
 					after = append(after, j)
 				} else {
 					kept = append(kept, j)
 				}
 			}
-			takes = kept
+			if len(after) > 0 {
+				idx = append(kept, others...) // copy moves them down
+				late = append(late, after)
+			}
 		}
-		calls = append(calls, append(takes, others...))
-		if len(after) > 0 {
-			late = append(late, after)
-		}
+		calls = append(calls, idx)
 	}
 	return append(calls, late...)
 }

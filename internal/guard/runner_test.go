@@ -632,3 +632,25 @@ func TestRunner_Send_oneCallOnOneNode(t *testing.T) {
 		t.Errorf("%d script calls for keys in %d slots on one node, want 1", c, len(slots))
 	}
 }
+
+// plan puts, per slot in the order the slots come, the takes before the
+// others, and a take of a key that another operation of the batch has in a
+// call of its slot after the first.
+func TestPlan_order(t *testing.T) {
+	t.Parallel()
+	ops := []*Op{
+		LockAcquire("k1", "t", time.Minute),         // 0: a take of k1, released by 1
+		LockRelease("k1", "1 a", time.Minute),       // 1
+		LockAcquire("k2", "t", time.Minute),         // 2
+		LockExtend("k3", "1 a", time.Minute),        // 3
+		LockAcquire("x", "t", time.Minute),          // 4: another slot
+		RecordBegin("r1", "o", time.Minute),         // 5
+		RecordRelease("r1", "o"),                    // 6: of 5's key
+		RecordFinish("y", "o", "c", nil, time.Hour), // 7: x's slot
+	}
+	ops[4].slot, ops[7].slot = 1, 1
+	got := fmt.Sprint(plan(ops))
+	if want := "[[2 1 3 6] [4 7] [0 5]]"; got != want {
+		t.Errorf("plan = %s, want %s", got, want)
+	}
+}
