@@ -200,7 +200,7 @@ func FinishRelease(lock, value string, keep time.Duration, record, status, owner
 }
 
 // SameSlot reports whether keys a and b share a cluster slot.
-func SameSlot(a, b string) bool { return keyslot.Of(a) == keyslot.Of(b) }
+func SameSlot(a, b string) bool { return keyslot.Same(a, b) }
 
 // Hooks of package lockx, set by its init, through which package
 // middleware's fused operations make and release a *lockx.Lock.

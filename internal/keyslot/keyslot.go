@@ -17,6 +17,18 @@ func Of(key string) int {
 	return int(crc16(key)) % Slots
 }
 
+// Same reports whether keys a and b are in one hash slot: at once when
+// they have the same hash tag (the keys of one namespace), else by their
+// slots.
+func Same(a, b string) bool {
+	if ta, ok := Tag(a); ok {
+		if tb, ok := Tag(b); ok && ta == tb {
+			return true
+		}
+	}
+	return Of(a) == Of(b)
+}
+
 // Tag returns key's hash tag, the text between its first '{' and the first
 // '}' after it, and whether key has one (a tag is never empty: in
 // "a{}{b}" Redis hashes the whole key).

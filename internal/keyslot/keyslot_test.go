@@ -70,3 +70,17 @@ func TestCRC16_matchesBitwise(t *testing.T) {
 		}
 	}
 }
+
+// Same agrees with Of.
+func TestSame(t *testing.T) {
+	t.Parallel()
+	keys := []string{"", "foo", "{orders}:lock:{a}", "{orders}:idem:{b}", "orders", "{shop}:x",
+		"{user1000}.a", "user1000", "a{}{b}", "{b}x", "foo{{bar}}zap", "{bar", "123456789", "{123456789}"}
+	for _, a := range keys {
+		for _, b := range keys {
+			if got, want := Same(a, b), Of(a) == Of(b); got != want {
+				t.Errorf("Same(%q, %q) = %v, want %v", a, b, got, want)
+			}
+		}
+	}
+}
