@@ -318,7 +318,11 @@ const (
 // the caller no longer owns the record).
 func (h *idemHandler) run(ctx context.Context, cancel context.CancelCauseFunc, job *stream.Job, key, owner string, sent time.Time,
 	finish func(ctx context.Context, act idemAction, val []byte) error) error {
-	claim := &idem.Claim{Key: key, Owner: owner, Store: h.store}
+	held := &struct { // one allocation for the two
+		claim idem.Claim
+		rl    recordLease
+	}{claim: idem.Claim{Key: key, Owner: owner, Store: h.store}}
+	claim := &held.claim
 	hctx := idem.NewContext(ctx, claim)
 	var lease *guard.Lease
 	if h.redis {
@@ -326,7 +330,8 @@ func (h *idemHandler) run(ctx context.Context, cancel context.CancelCauseFunc, j
 			hctx, cancel = context.WithCancelCause(hctx)
 			defer cancel(nil)
 		}
-		rl := &recordLease{key: key, owner: owner, cancel: cancel}
+		rl := &held.rl
+		rl.key, rl.owner, rl.cancel = key, owner, cancel
 		lease = &rl.lease
 		lease.Held = rl
 		h.runner.Hold(lease, sent, h.cfg.Lease)
@@ -458,5 +463,7 @@ func idemTruncate(s string) string {
 func idemOwner(job *stream.Job) string {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
-	return job.EntryID + ":" + base64.RawURLEncoding.EncodeToString(b[:6])
+	var buf [48]byte // an entry ID of up to 39 bytes: no allocation but the string's
+	owner := append(append(buf[:0], job.EntryID...), ':')
+	return string(base64.RawURLEncoding.AppendEncode(owner, b[:6]))
 }

@@ -83,10 +83,11 @@ func (cfg LockConfig) Validate() error {
 // and another one took it), the handler's context is cancelled with a cause
 // matching [lockx.ErrLockLost]. When the handler returns, or panics, the
 // lock is released (compare-and-release) and the handler's result, or
-// panic, passes through at once: the release is sent with the next batch,
-// not waited for (a release that fails leaves the lock to expire after its
-// TTL, as a crash would), and before any lock or record operation this
-// process sends later, so a later job of the key here finds the lock free.
+// panic, passes through at once: the release is sent with the next batch
+// (after at most a millisecond when no other operation comes), not waited
+// for (a release that fails leaves the lock to expire after its TTL, as a
+// crash would), and before any lock or record operation this process sends
+// later, so a later job of the key here finds the lock free.
 // The job may be acknowledged before the release reaches Redis. The
 // commands of concurrent jobs go to Redis together (one script call per
 // cluster slot and round trip).
@@ -218,9 +219,10 @@ func (h *lockHandler) release(l *lockx.Lock) {
 func (h *lockHandler) hold(ctx context.Context, job *stream.Job, l *lockx.Lock,
 	run func(context.Context, *stream.Job) error, release func()) error {
 	l.KeepAlive(context.Background()) // no end but release and loss
-	hctx, cancel := l.Guard(ctx)
+	// l.Guard, without the closure it wraps around the cancel function.
+	hctx, cancel := guard.GuardLock(ctx, l)
 	defer func() {
-		cancel()
+		cancel(nil)
 		release()
 	}()
 	return run(hctx, job)

@@ -27,7 +27,9 @@ var (
 // []byte arguments are sent by pointer into the Op (go-redis writes a
 // *string, and a []byte through its BinaryMarshaler), so that boxing them
 // as command arguments allocates nothing; its keys are plain strings, as
-// go-redis's cluster routing and its users' hooks read them.
+// go-redis's cluster routing and its users' hooks read them. An Op is
+// given to the Runner once (Do, Settle, Post or Send): its passage through
+// the queue is part of it.
 type Op struct {
 	key   [2]string
 	str   [4]string // the string arguments, argv points at them
@@ -36,8 +38,9 @@ type Op struct {
 	nkeys int
 	nargs int
 	nstr  int
-	slot  int
+	slot  int  // the keys' cluster slot, set by Send on a cluster client
 	grows bool // a take: first in its call (Send)
+	call  call // its passage through the Runner's queue (Do, Settle, Post)
 }
 
 // bytesArg is a []byte command argument that a pointer to it boxes without
@@ -47,16 +50,13 @@ type bytesArg []byte
 // MarshalBinary implements encoding.BinaryMarshaler, which go-redis writes.
 func (b *bytesArg) MarshalBinary() ([]byte, error) { return *b, nil }
 
-// Slot returns the cluster slot of the operation's keys.
-func (o *Op) Slot() int { return o.slot }
-
 func (o *Op) keys() []string { return o.key[:o.nkeys] }
 func (o *Op) args() []any    { return o.argv[:o.nargs] }
 
 // newOp returns the operation code on keys (one or two); its arguments
 // follow with s, b and a.
 func newOp(code string, key0, key1 string) *Op {
-	o := &Op{nkeys: 1, nargs: 1, slot: keyslot.Of(key0)}
+	o := &Op{nkeys: 1, nargs: 1}
 	o.grows = code == "la" || code == "rb" || code == "gb"
 	o.key[0], o.key[1] = key0, key1
 	if key1 != "" {
@@ -200,7 +200,7 @@ func FinishRelease(lock, value string, keep time.Duration, record, status, owner
 }
 
 // SameSlot reports whether keys a and b share a cluster slot.
-func SameSlot(a, b string) bool { return keyslot.Of(a) == keyslot.Of(b) }
+func SameSlot(a, b string) bool { return keyslot.Same(a, b) }
 
 // Hooks of package lockx, set by its init, through which package
 // middleware's fused operations make and release a *lockx.Lock.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/internal/keyslot"
 )
 
 // MaxBatch bounds the operations of one round trip (and so the work of one
@@ -18,11 +20,25 @@ const MaxBatch = 128
 // Runner sends the operations of one Redis client, batched, and renews its
 // held leases. It is safe for concurrent use.
 type Runner struct {
-	rdb redis.UniversalClient
+	rdb     redis.UniversalClient
+	sharded bool // not a *redis.Client: its keys may live on several nodes
 
 	mu    sync.Mutex
 	queue []*call
 	busy  bool // a caller is sending
+
+	// postTimer sends posted operations that no caller sent within
+	// PostDelay; postArmed: it is set (or its function has yet to run).
+	postTimer *time.Timer
+	postArmed bool
+	postDelay time.Duration // PostDelay; tests change it
+
+	// The leader's buffers, empty between its batches (used by the one
+	// caller that has set busy).
+	lbatch   []*call
+	lops     []*Op
+	lreplies []any
+	lerrs    []error
 
 	wd watchdog
 }
@@ -41,11 +57,14 @@ func Of(rdb redis.UniversalClient) *Runner {
 }
 
 func newRunner(rdb redis.UniversalClient) *Runner {
-	r := &Runner{rdb: rdb}
+	_, single := rdb.(*redis.Client)
+	r := &Runner{rdb: rdb, sharded: !single, postDelay: PostDelay}
 	r.wd.r = r
 	return r
 }
 
+// call is an operation on its way through the queue: a part of its Op
+// (one allocation), an Op being sent once.
 type call struct {
 	op     *Op
 	reply  any
@@ -64,6 +83,12 @@ const (
 
 // postTimeout bounds a call sent for posted operations alone.
 const postTimeout = 5 * time.Second
+
+// PostDelay bounds how long a posted operation waits for a caller of Do or
+// Settle to send it with its own before the Runner sends it alone: posted
+// releases of jobs that follow each other closely ride the next job's call
+// instead of costing a goroutine and a round trip each.
+const PostDelay = time.Millisecond
 
 // Do sends op, together with the operations of other callers that arrive
 // meanwhile, and returns its reply: an error when the call failed (the
@@ -87,13 +112,26 @@ func (r *Runner) Settle(ctx context.Context, op *Op, within time.Duration) (any,
 // timers are the stopped timers of Settle's waits, for reuse.
 var timers sync.Pool
 
+// wakes are the empty wake channels of calls that returned, for reuse.
+var wakes sync.Pool
+
+// wakeChan returns an empty wake channel.
+func wakeChan() chan struct{} {
+	if w, ok := wakes.Get().(chan struct{}); ok {
+		return w
+	}
+	return make(chan struct{}, 1)
+}
+
 // do is Do, withdrawing op from the queue when cancelled is closed (with ctx's
 // cause) or, for within > 0, after within (context.DeadlineExceeded).
 func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, within time.Duration) (any, error) {
-	c := &call{op: op}
+	c := &op.call
+	*c = call{op: op}
 	r.mu.Lock()
 	if r.busy {
-		c.wake = make(chan struct{}, 1)
+		c.wake = wakeChan()
+		defer wakes.Put(c.wake) // empty once do returns: one signal, taken
 		r.queue = append(r.queue, c)
 		r.mu.Unlock()
 		var timeout <-chan time.Time
@@ -142,6 +180,9 @@ func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, with
 	} else {
 		r.busy = true
 		r.queue = append(r.queue, c)
+		if r.postArmed && r.postTimer.Stop() { // the posted ones go now
+			r.postArmed = false
+		}
 	}
 	r.lead(context.WithoutCancel(ctx), c)
 	return c.reply, c.err
@@ -150,35 +191,58 @@ func (r *Runner) do(ctx context.Context, op *Op, cancelled <-chan struct{}, with
 // Post queues op to be sent as Do would, without waiting for it or its
 // reply: for an operation whose reply changes nothing for the caller (a
 // release). It is sent before every operation queued after it (Send keeps
-// the order of the operations of one slot that can depend on each other).
+// the order of the operations of one slot that can depend on each other):
+// with the call in flight's successor if there is one, else with the next
+// call of Do or Settle, or alone once PostDelay has passed without one.
 func (r *Runner) Post(op *Op) {
-	c := &call{op: op, posted: true}
+	c := &op.call
+	*c = call{op: op, posted: true}
 	r.mu.Lock()
 	r.queue = append(r.queue, c)
-	if r.busy {
+	if !r.busy {
+		r.armPost()
+	}
+	r.mu.Unlock()
+}
+
+// armPost, called with r.mu held while nobody sends, has the queue's posted
+// operations sent after PostDelay unless a caller sends them first.
+func (r *Runner) armPost() {
+	if r.postArmed {
+		return
+	}
+	r.postArmed = true
+	if r.postTimer == nil {
+		r.postTimer = time.AfterFunc(r.postDelay, r.sendPosted)
+		return
+	}
+	r.postTimer.Reset(r.postDelay)
+}
+
+// sendPosted sends the queue's posted operations if nobody is sending.
+func (r *Runner) sendPosted() {
+	r.mu.Lock()
+	r.postArmed = false
+	if r.busy || len(r.queue) == 0 {
 		r.mu.Unlock()
 		return
 	}
 	r.busy = true
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
-		defer cancel()
-		r.mu.Lock()
-		r.lead(ctx, nil)
-	}()
-	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
+	defer cancel()
+	r.lead(ctx, nil)
 }
 
 // lead, called with r.mu held and r.busy set, sends the queue's operations
 // in calls of at most MaxBatch, from its head, until c's reply is in (all
 // that were queued, for c nil), then hands the lead to the first caller
-// still waiting in the queue, or to a goroutine if only posted operations
-// are left, and returns with r.mu released.
+// still waiting in the queue (if only posted operations are left, they are
+// sent by the next caller or after PostDelay), and returns with r.mu
+// released.
 func (r *Runner) lead(ctx context.Context, c *call) {
 	for {
 		n := min(len(r.queue), MaxBatch)
-		batch := make([]*call, n)
-		copy(batch, r.queue)
+		batch := append(r.lbatch[:0], r.queue[:n]...)
 		r.queue = append(r.queue[:0], r.queue[n:]...)
 		for _, b := range batch {
 			if b != c {
@@ -187,11 +251,11 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 		}
 		r.mu.Unlock()
 
-		ops := make([]*Op, n)
-		for i, b := range batch {
-			ops[i] = b.op
+		ops := r.lops[:0]
+		for _, b := range batch {
+			ops = append(ops, b.op)
 		}
-		replies, errs := r.Send(ctx, ops)
+		replies, errs := r.send(ctx, ops, r.lreplies, r.lerrs)
 
 		r.mu.Lock()
 		for i, b := range batch {
@@ -200,6 +264,11 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 				b.wake <- struct{}{}
 			}
 		}
+		clear(batch)
+		clear(ops)
+		clear(replies)
+		clear(errs)
+		r.lbatch, r.lops, r.lreplies, r.lerrs = batch[:0], ops[:0], replies[:0], errs[:0]
 		if c != nil && c.state == done || len(r.queue) == 0 {
 			break
 		}
@@ -212,22 +281,16 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 			return
 		}
 	}
-	if len(r.queue) == 0 {
-		r.busy = false
-		r.mu.Unlock()
-		return
+	r.busy = false
+	if len(r.queue) > 0 {
+		r.armPost()
 	}
 	r.mu.Unlock()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), postTimeout)
-		defer cancel()
-		r.mu.Lock()
-		r.lead(ctx, nil)
-	}()
 }
 
 // Send runs ops at once and returns each operation's reply and error: one
-// script call per cluster slot, the calls in one pipeline. In a call, the
+// script call per cluster slot (one for every slot on a *redis.Client,
+// which has a single node), the calls in one pipeline. In a call, the
 // operations that take (a lock, a record) come before those that finish,
 // release or extend: under maxmemory Redis refuses a script's first write
 // if it needs memory, and only until the script has written, so takes sent
@@ -237,9 +300,26 @@ func (r *Runner) lead(ctx context.Context, c *call) {
 // before it (an acquire before the posted release of its key): such takes go
 // in a second call of the slot, after the first.
 func (r *Runner) Send(ctx context.Context, ops []*Op) ([]any, []error) {
-	replies, errs := make([]any, len(ops)), make([]error, len(ops))
+	return r.send(ctx, ops, nil, nil)
+}
+
+// send is Send, setting the replies and errors in replies and errs (empty,
+// grown to len(ops) if they are shorter) and returning them.
+func (r *Runner) send(ctx context.Context, ops []*Op, replies []any, errs []error) ([]any, []error) {
+	if cap(replies) < len(ops) {
+		replies = make([]any, len(ops))
+	}
+	if cap(errs) < len(ops) {
+		errs = make([]error, len(ops))
+	}
+	replies, errs = replies[:len(ops)], errs[:len(ops)]
 	if len(ops) == 0 {
 		return replies, errs
+	}
+	if r.sharded {
+		for _, op := range ops {
+			op.slot = keyslot.Of(op.key[0])
+		}
 	}
 	calls := plan(ops)
 	if len(calls) == 1 {
@@ -364,31 +444,43 @@ func plan(ops []*Op) [][]int {
 		if seen {
 			continue
 		}
-		var takes, others, after []int
+		n, nt := 0, 0
 		for j := i; j < len(ops); j++ {
-			switch o := ops[j]; {
-			case o.slot != op.slot:
-			case o.grows:
-				takes = append(takes, j)
-			default:
-				others = append(others, j)
+			if o := ops[j]; o.slot == op.slot {
+				n++
+				if o.grows {
+					nt++
+				}
 			}
 		}
-		if len(takes) > 0 && len(others) > 0 {
-			kept := takes[:0]
-			for _, j := range takes {
+		idx := make([]int, 0, n) // the takes, then the others
+		for j := i; j < len(ops); j++ {
+			if o := ops[j]; o.slot == op.slot && o.grows {
+				idx = append(idx, j)
+			}
+		}
+		for j := i; j < len(ops); j++ {
+			if o := ops[j]; o.slot == op.slot && !o.grows {
+				idx = append(idx, j)
+			}
+		}
+		if nt > 0 && nt < n {
+			others := idx[nt:]
+			kept := idx[:0]
+			var after []int
+			for _, j := range idx[:nt] {
 				if shares(ops[j], ops, others) {
 					after = append(after, j)
 				} else {
 					kept = append(kept, j)
 				}
 			}
-			takes = kept
+			if len(after) > 0 {
+				idx = append(kept, others...) // copy moves them down
+				late = append(late, after)
+			}
 		}
-		calls = append(calls, append(takes, others...))
-		if len(after) > 0 {
-			late = append(late, after)
-		}
+		calls = append(calls, idx)
 	}
 	return append(calls, late...)
 }

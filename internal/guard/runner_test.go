@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/pelicanqueue/pelican/internal/keyslot"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 )
 
@@ -497,5 +498,159 @@ func TestRunner_Do_sentWaitsForReply(t *testing.T) {
 	wg.Wait()
 	if _, ok := v.(string); err != nil || !ok {
 		t.Fatalf("acquire cancelled while sent: %v, %v; want its reply (a fence)", v, err)
+	}
+}
+
+// A release posted while nothing is sent rides the next caller's script
+// call instead of a call of its own, and is applied before that caller's
+// operations.
+func TestRunner_Post_ridesNextCall(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(rdb)
+	r.postDelay = time.Hour // only a caller sends it
+	v, err := r.Do(t.Context(), LockAcquire(prefix+"k", "a", time.Minute))
+	f, ok := v.(string)
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v, %v", v, err)
+	}
+	trips := &roundTrips{}
+	rdb.AddHook(trips)
+	r.Post(LockRelease(prefix+"k", LockValue(f, "a"), time.Minute))
+	r.mu.Lock()
+	busy := r.busy
+	r.mu.Unlock()
+	if busy {
+		t.Fatal("Post started a call of its own")
+	}
+	next, err := r.Do(t.Context(), LockAcquire(prefix+"k", "b", time.Minute))
+	if n, ok := next.(string); err != nil || !ok || n <= f {
+		t.Fatalf("acquire after the posted release: %v, %v; want a fence above %s", next, err, f)
+	}
+	if c := trips.n.Load(); c != 1 {
+		t.Errorf("%d round trips for a posted release and the next acquire, want 1", c)
+	}
+}
+
+// roundTrips counts the script calls (in scripts) and the round trips
+// that carry them (in n) of a client.
+type roundTrips struct{ n, scripts atomic.Int64 }
+
+func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			h.n.Add(1)
+			h.scripts.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if n := cmds[0].Name(); n == "evalsha" || n == "eval" { // not a connection's setup
+			h.n.Add(1)
+			h.scripts.Add(int64(len(cmds)))
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A release posted while nothing is sent, and no caller follows, is sent
+// alone after the Runner's post delay.
+func TestRunner_Post_sentAloneAfterDelay(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	defer redistest.DeleteKeys(shared, prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	r := newRunner(rdb)
+	for i := range 3 { // again once the first was sent: the timer is re-armed
+		v, err := r.Do(t.Context(), LockAcquire(prefix+"k", "a", time.Minute))
+		f, ok := v.(string)
+		if err != nil || !ok {
+			t.Fatalf("acquire %d: %v, %v", i, v, err)
+		}
+		r.Post(LockRelease(prefix+"k", LockValue(f, "a"), time.Minute))
+		deadline := time.Now().Add(time.Minute)
+		for {
+			got, err := rdb.Get(t.Context(), prefix+"k").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != LockValue(f, "a") { // released: only the fence is left
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("release %d not sent: the lock still holds %q", i, got)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// On a *redis.Client (one node) the operations of keys in different slots
+// go in one script call: no slot is computed.
+func TestRunner_Send_oneCallOnOneNode(t *testing.T) {
+	t.Parallel()
+	shared := redistest.Shared(t)
+	prefix := redistest.Prefix(t, shared)
+	defer redistest.DeleteKeys(shared, "{"+prefix+"*")
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	defer rdb.Close()
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	trips := &roundTrips{}
+	rdb.AddHook(trips)
+	r := newRunner(rdb)
+	var ops []*Op
+	slots := map[int]bool{}
+	for i := range 8 {
+		k := "{" + prefix + "-" + strconv.Itoa(i) + "}:lock"
+		slots[keyslot.Of(k)] = true
+		ops = append(ops, LockAcquire(k, "t", time.Minute))
+	}
+	if len(slots) < 2 {
+		t.Fatalf("the keys share one slot")
+	}
+	replies, errs := r.Send(t.Context(), ops)
+	for i := range ops {
+		if _, ok := replies[i].(string); errs[i] != nil || !ok {
+			t.Fatalf("op %d: %v, %v; want a fence", i, replies[i], errs[i])
+		}
+	}
+	if c := trips.scripts.Load(); c != 1 {
+		t.Errorf("%d script calls for keys in %d slots on one node, want 1", c, len(slots))
+	}
+}
+
+// plan puts, per slot in the order the slots come, the takes before the
+// others, and a take of a key that another operation of the batch has in a
+// call of its slot after the first.
+func TestPlan_order(t *testing.T) {
+	t.Parallel()
+	ops := []*Op{
+		LockAcquire("k1", "t", time.Minute),         // 0: a take of k1, released by 1
+		LockRelease("k1", "1 a", time.Minute),       // 1
+		LockAcquire("k2", "t", time.Minute),         // 2
+		LockExtend("k3", "1 a", time.Minute),        // 3
+		LockAcquire("x", "t", time.Minute),          // 4: another slot
+		RecordBegin("r1", "o", time.Minute),         // 5
+		RecordRelease("r1", "o"),                    // 6: of 5's key
+		RecordFinish("y", "o", "c", nil, time.Hour), // 7: x's slot
+	}
+	ops[4].slot, ops[7].slot = 1, 1
+	got := fmt.Sprint(plan(ops))
+	if want := "[[2 1 3 6] [4 7] [0 5]]"; got != want {
+		t.Errorf("plan = %s, want %s", got, want)
 	}
 }

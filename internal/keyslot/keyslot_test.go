@@ -41,3 +41,46 @@ func TestTag(t *testing.T) {
 		}
 	}
 }
+
+// The table-driven CRC16 gives the bit-by-bit one's value for every byte
+// and for longer keys.
+func TestCRC16_matchesBitwise(t *testing.T) {
+	t.Parallel()
+	bitwise := func(s string) uint16 {
+		var crc uint16
+		for i := 0; i < len(s); i++ {
+			crc ^= uint16(s[i]) << 8
+			for range 8 {
+				if crc&0x8000 != 0 {
+					crc = crc<<1 ^ 0x1021
+				} else {
+					crc <<= 1
+				}
+			}
+		}
+		return crc
+	}
+	keys := []string{"", "{orders}:lock:customer-42", "\xff\x00\x80 pelican"}
+	for b := range 256 {
+		keys = append(keys, string([]byte{byte(b)}), "k"+string([]byte{byte(b), byte(255 - b)}))
+	}
+	for _, k := range keys {
+		if got, want := crc16(k), bitwise(k); got != want {
+			t.Fatalf("crc16(%q) = %#04x, want %#04x", k, got, want)
+		}
+	}
+}
+
+// Same agrees with Of.
+func TestSame(t *testing.T) {
+	t.Parallel()
+	keys := []string{"", "foo", "{orders}:lock:{a}", "{orders}:idem:{b}", "orders", "{shop}:x",
+		"{user1000}.a", "user1000", "a{}{b}", "{b}x", "foo{{bar}}zap", "{bar", "123456789", "{123456789}"}
+	for _, a := range keys {
+		for _, b := range keys {
+			if got, want := Same(a, b), Of(a) == Of(b); got != want {
+				t.Errorf("Same(%q, %q) = %v, want %v", a, b, got, want)
+			}
+		}
+	}
+}
