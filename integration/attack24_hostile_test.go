@@ -227,8 +227,13 @@ func TestAttack24HostileEntriesBothProtocols(t *testing.T) {
 	for _, c := range cs {
 		l += c.Stats().Lost
 	}
-	if l != uint64(len(lost)) {
-		t.Errorf("lost %d, want %d", l, len(lost))
+	// The ghost's two deleted entries are lost. A held job deleted while
+	// its handler ran is reported lost too when a heartbeat finds its entry
+	// gone before the job settles (README: entries deleted while pending
+	// are reported lost), which depends on timing: it still ran once
+	// (checked above). Nothing else may be reported lost.
+	if l < uint64(len(lost)) || l > uint64(len(lost)+len(held)) {
+		t.Errorf("lost %d, want %d (the ghost's deleted entries) to %d (and the held jobs deleted while running)", l, len(lost), len(lost)+len(held))
 	}
 	t.Logf("%d valid run once, %d dead-lettered malformed, %d lost", len(valid), len(malformed), l)
 }
