@@ -43,15 +43,7 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 // gets its own reply.
 func TestRunner_Do_batchesConcurrentCallers(t *testing.T) {
 	t.Parallel()
-	shared := redistest.Shared(t)
-	prefix := "{" + redistest.Prefix(t, shared) + "}:"
-	defer redistest.DeleteKeys(shared, prefix+"*")
-	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
-	defer rdb.Close()
-	// Cached first: a NOSCRIPT fallback would be a call of its own.
-	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
-		t.Fatal(err)
-	}
+	rdb, prefix := scriptClient(t)
 	g := &gate{release: make(chan struct{})}
 	rdb.AddHook(g)
 	r := newRunner(rdb)
@@ -247,14 +239,7 @@ func TestOps_takeAfterOtherRefused(t *testing.T) {
 // job of the key.
 func TestRunner_Post_keepsOrder(t *testing.T) {
 	t.Parallel()
-	shared := redistest.Shared(t)
-	prefix := "{" + redistest.Prefix(t, shared) + "}:"
-	defer redistest.DeleteKeys(shared, prefix+"*")
-	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
-	defer rdb.Close()
-	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
-		t.Fatal(err)
-	}
+	rdb, prefix := scriptClient(t)
 	r := newRunner(rdb)
 	v, err := r.Do(t.Context(), LockAcquire(prefix+"k", "a", time.Minute))
 	f, ok := v.(string)
@@ -383,14 +368,7 @@ func TestOps_wrongTypeIsPerOperation(t *testing.T) {
 // the handler returned is sent even when the job's context has ended.
 func TestRunner_Settle_ignoresCancelBoundsWait(t *testing.T) {
 	t.Parallel()
-	shared := redistest.Shared(t)
-	prefix := "{" + redistest.Prefix(t, shared) + "}:"
-	defer redistest.DeleteKeys(shared, prefix+"*")
-	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
-	defer rdb.Close()
-	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
-		t.Fatal(err)
-	}
+	rdb, prefix := scriptClient(t)
 	r := newRunner(rdb)
 	ended, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -454,14 +432,7 @@ func (g *holdCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // even when its ctx ends meanwhile: the operation may be applied.
 func TestRunner_Do_sentWaitsForReply(t *testing.T) {
 	t.Parallel()
-	shared := redistest.Shared(t)
-	prefix := "{" + redistest.Prefix(t, shared) + "}:"
-	defer redistest.DeleteKeys(shared, prefix+"*")
-	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
-	defer rdb.Close()
-	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
-		t.Fatal(err)
-	}
+	rdb, prefix := scriptClient(t)
 	r := newRunner(rdb)
 	g := &holdCalls{release: [2]chan struct{}{make(chan struct{}), make(chan struct{})}}
 	rdb.AddHook(g)
@@ -506,14 +477,7 @@ func TestRunner_Do_sentWaitsForReply(t *testing.T) {
 // operations.
 func TestRunner_Post_ridesNextCall(t *testing.T) {
 	t.Parallel()
-	shared := redistest.Shared(t)
-	prefix := "{" + redistest.Prefix(t, shared) + "}:"
-	defer redistest.DeleteKeys(shared, prefix+"*")
-	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
-	defer rdb.Close()
-	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
-		t.Fatal(err)
-	}
+	rdb, prefix := scriptClient(t)
 	r := newRunner(rdb)
 	r.postDelay = time.Hour // only a caller sends it
 	v, err := r.Do(t.Context(), LockAcquire(prefix+"k", "a", time.Minute))
@@ -653,4 +617,21 @@ func TestPlan_order(t *testing.T) {
 	if want := "[[2 1 3 6] [4 7] [0 5]]"; got != want {
 		t.Errorf("plan = %s, want %s", got, want)
 	}
+}
+
+// scriptClient returns a client of its own on the shared server, with the
+// operations script cached (a NOSCRIPT fallback would be a call of its
+// own), and a key prefix in one hash tag whose keys are deleted when the
+// test ends.
+func scriptClient(t *testing.T) (*redis.Client, string) {
+	t.Helper()
+	shared := redistest.Shared(t)
+	prefix := "{" + redistest.Prefix(t, shared) + "}:"
+	t.Cleanup(func() { redistest.DeleteKeys(shared, prefix+"*") })
+	rdb := redis.NewClient(&redis.Options{Addr: shared.Options().Addr, PoolSize: 4})
+	t.Cleanup(func() { rdb.Close() })
+	if err := opsScript.Load(t.Context(), rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return rdb, prefix
 }
