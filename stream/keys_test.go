@@ -20,9 +20,6 @@ func hashTag(key string) string {
 	return key
 }
 
-// keySlot is Redis Cluster's HASH_SLOT(key).
-func keySlot(key string) int { return keyslot.Of(key) }
-
 // formsNoTag reports whether name has braces that do not form a hash tag: the
 // names KeysFor must reject.
 func formsNoTag(name string) bool {
@@ -52,8 +49,8 @@ func TestKeySlot(t *testing.T) {
 		if got := hashTag(tt.key); got != tt.wantTag {
 			t.Errorf("hashTag(%q) = %q, want %q", tt.key, got, tt.wantTag)
 		}
-		if got := keySlot(tt.key); tt.want >= 0 && got != tt.want {
-			t.Errorf("keySlot(%q) = %d, want %d", tt.key, got, tt.want)
+		if got := keyslot.Of(tt.key); tt.want >= 0 && got != tt.want {
+			t.Errorf("keyslot.Of(%q) = %d, want %d", tt.key, got, tt.want)
 		}
 	}
 }
@@ -91,7 +88,7 @@ func checkSlots(t *testing.T, name string) {
 	if keys.Stream != name {
 		t.Errorf("KeysFor(%q).Stream = %q, want the name itself", name, keys.Stream)
 	}
-	want := keySlot(name)
+	want := keyslot.Of(name)
 	derived := []string{keys.Dead, keys.Delayed, keys.Crashes + "1-0", keys.Idem + "k", keys.Once + "k", keys.Lock + "{k}",
 		keys.Rate + "k", keys.Limit + "k", keys.Periodic + "last", keys.Idem + "}{x}", keys.Lock + "{}a}"}
 	for _, suffix := range []string{"lock:x", "idem:y", "", "{other}", "}", "{"} {
@@ -104,7 +101,7 @@ func checkSlots(t *testing.T, name string) {
 	}
 	seen := map[string]bool{name: true}
 	for _, k := range derived {
-		if got := keySlot(k); got != want {
+		if got := keyslot.Of(k); got != want {
 			t.Errorf("stream %q (slot %d): derived key %q has slot %d", name, want, k, got)
 		}
 		if seen[k] {
