@@ -165,10 +165,10 @@ func (c *Consumer) readCancelling(ctx context.Context, ds []delivery, found func
 
 // trackedID returns the job ID of d's job if it is tracked, else "".
 func trackedID(d delivery) string {
-	if d.fields[stream.FieldTrack] != "1" {
+	if field(d.fields, stream.FieldTrack) != "1" {
 		return ""
 	}
-	id, _ := d.fields[stream.FieldJobID].(string)
+	id := field(d.fields, stream.FieldJobID)
 	return id
 }
 

@@ -56,7 +56,8 @@ type deadReq struct {
 // read) with reason, cause and attempts made, with Config.RedactDeadLetter's
 // field values. job is nil for an entry that did not decode; jobCtx is the
 // context its handler ran under.
-func (c *Consumer) deadRequest(jobCtx context.Context, id string, fields map[string]any, reason string, cause error, attempts int, job *stream.Job) *retryReq {
+func (c *Consumer) deadRequest(jobCtx context.Context, id string, pairs []string, reason string, cause error, attempts int, job *stream.Job) *retryReq {
+	fields := fieldMap(pairs)
 	msg := errText(cause)
 	stored := c.errorText(job, msg) // what dead_error holds
 	d := &deadReq{read: fields, info: DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream,

@@ -81,7 +81,7 @@ func (h *healthState) init() {
 func (h *healthState) readSent(at time.Time) { h.read.sent(at) }
 
 // readDone records the answer to the read sent at (redis.Nil: no entries).
-func (h *healthState) readDone(at time.Time, res []redis.XStream, err error) {
+func (h *healthState) readDone(at time.Time, res []streamRead, err error) {
 	if err == redis.Nil {
 		err = nil
 	}
@@ -89,7 +89,7 @@ func (h *healthState) readDone(at time.Time, res []redis.XStream, err error) {
 	if err != nil {
 		return
 	}
-	if len(res) == 0 || len(res[0].Messages) == 0 {
+	if len(res) == 0 || len(res[0].entries) == 0 {
 		h.emptySent.Store(at.UnixNano())
 	} else {
 		h.emptySent.Store(0)

@@ -295,9 +295,9 @@ func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.T
 		return true
 	}
 	backoff.reset()
-	var msgs []redis.XMessage
+	var msgs []entry
 	if len(res) > 0 {
-		msgs = res[0].Messages
+		msgs = res[0].entries
 	}
 	c.freeRoom(n - len(msgs))
 	c.caughtUp.Store(len(msgs) < n)
@@ -305,7 +305,7 @@ func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.T
 		// Read after the stop: give the entries back for the next sweep.
 		ids := make([]string, len(msgs))
 		for i, m := range msgs {
-			ids[i] = m.ID
+			ids[i] = m.id
 		}
 		c.giveBack(ids)
 		c.freeRoom(len(msgs))
@@ -315,7 +315,7 @@ func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.T
 	// whole read's lease checks.
 	now := time.Now()
 	for _, m := range msgs {
-		c.dispatch(delivery{id: m.ID, fields: m.Values, deliveries: 1, at: at}, true, now)
+		c.dispatch(delivery{id: m.id, fields: m.fields, deliveries: 1, at: at}, true, now)
 	}
 	return true
 }
@@ -327,7 +327,7 @@ func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.T
 func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Time) {
 	ds := make([]delivery, len(entries))
 	for i, e := range entries {
-		ds[i] = delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at}
+		ds[i] = delivery{id: e.ID, fields: pairsOf(e.Fields), deliveries: e.Deliveries, at: at}
 	}
 	c.markCancelled(ds)
 	for i, d := range ds {

@@ -159,7 +159,7 @@ func (p *pauses) stopped() bool {
 // holds reports whether a job with the given entry fields must not start
 // now because its queue or type is paused (never once the consumer stops:
 // then the usual path gives it back).
-func (p *pauses) holds(fields map[string]any) bool {
+func (p *pauses) holds(fields []string) bool {
 	if p.quit == nil || !p.some.Load() || p.stopped() {
 		return false
 	}
@@ -222,10 +222,7 @@ func (p *pauses) wait(typ string, whole bool, done <-chan struct{}) holdResult {
 }
 
 // entryType returns the job type of an entry's raw fields ("" if none).
-func entryType(fields map[string]any) string {
-	t, _ := fields[stream.FieldType].(string)
-	return t
-}
+func entryType(fields []string) string { return field(fields, stream.FieldType) }
 
 // holdWhilePaused holds t, which holds a worker slot and has not started,
 // while its queue or type is paused. It returns false, having given t back

@@ -2,6 +2,9 @@ package consumer
 
 import (
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -10,10 +13,76 @@ import (
 // The raw read: while a backlog is there, a reader of its own connection
 // sends XREADGROUP without BLOCK through go-redis's DoRaw and parses the
 // reply itself (parseXRead), instead of go-redis's typed XReadGroup, which
-// allocates a string per field name and value. Each entry here costs one
-// string (the entry's bytes, which its id, names and values share), its
-// map and the boxing of its values. A blocking read stays typed: DoRaw
-// cannot carry the read timeout a blocking command needs.
+// allocates a string per field name and value and a map per entry. Each
+// entry here costs one string (the entry's bytes, which its id, names and
+// values share) and the slice of its names and values. A blocking read
+// stays typed (its reply converted, see readOf): DoRaw cannot carry the read
+// timeout a blocking command needs.
+
+// An entry is a stream entry as a read returned it: its ID, and its fields'
+// names and values in Redis's order (name, value, name, value ...); nil for
+// an entry deleted while pending. stream.DecodeFields decodes them.
+type entry struct {
+	id     string
+	fields []string
+}
+
+// A streamRead is what a read returned of one stream.
+type streamRead struct {
+	stream  string
+	entries []entry
+}
+
+// readOf converts a typed XREADGROUP reply.
+func readOf(res []redis.XStream) []streamRead {
+	out := make([]streamRead, len(res))
+	for i, x := range res {
+		out[i] = streamRead{stream: x.Stream, entries: make([]entry, len(x.Messages))}
+		for j, m := range x.Messages {
+			out[i].entries[j] = entry{id: m.ID, fields: pairsOf(m.Values)}
+		}
+	}
+	return out
+}
+
+// pairsOf returns the names and values of fields as an entry holds them (in
+// name order; a value that is not a string in its fmt form; nil for nil).
+func pairsOf(fields map[string]any) []string {
+	if fields == nil {
+		return nil
+	}
+	out := make([]string, 0, 2*len(fields))
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		v, ok := fields[k].(string)
+		if !ok {
+			v = fmt.Sprint(fields[k])
+		}
+		out = append(out, k, v)
+	}
+	return out
+}
+
+// field returns the value of field name among fields (names and values,
+// as in an entry), the last one if it is there twice, as decoding does;
+// "" when absent.
+func field(fields []string, name string) string {
+	for i := len(fields) - 2; i >= 0; i -= 2 {
+		if fields[i] == name {
+			return fields[i+1]
+		}
+	}
+	return ""
+}
+
+// fieldMap returns fields (names and values, as in an entry) as a map, the
+// last value of a name given twice.
+func fieldMap(fields []string) map[string]any {
+	m := make(map[string]any, len(fields)/2)
+	for i := 0; i+1 < len(fields); i += 2 {
+		m[fields[i]] = fields[i+1]
+	}
+	return m
+}
 
 // replyError is an error reply of Redis (NOGROUP, ...) met in a raw reply;
 // like go-redis's own, it is a [redis.Error], so the reader keeps its
@@ -28,10 +97,6 @@ func (replyError) RedisError() {}
 var _ redis.Error = replyError("")
 
 var errBadReply = errors.New("consumer: malformed XREADGROUP reply")
-
-// boxedOne is "1" as an any: the format's version and flags are "1", and
-// boxing them afresh for every entry would allocate.
-var boxedOne any = "1"
 
 // respParser reads one RESP2 or RESP3 reply from b; it never panics and
 // never reads past b.
@@ -141,11 +206,11 @@ func (p *respParser) skip() error {
 }
 
 // parseXRead parses the raw reply of an XREADGROUP, RESP2 (an array of
-// [stream, entries]) or RESP3 (a map of stream to entries), into what
-// go-redis's XReadGroup returns: redis.Nil for no entries, an entry deleted
-// while pending with nil Values. An error reply is a [replyError]; any
+// [stream, entries]) or RESP3 (a map of stream to entries), as go-redis's
+// XReadGroup reads it: redis.Nil for no entries, an entry deleted while
+// pending with nil fields. An error reply is a [replyError]; any
 // other unexpected shape is errBadReply, as go-redis fails on one.
-func parseXRead(b []byte) ([]redis.XStream, error) {
+func parseXRead(b []byte) ([]streamRead, error) {
 	p := &respParser{b: b}
 	n, err := p.aggregate(true)
 	if err != nil {
@@ -162,7 +227,7 @@ func parseXRead(b []byte) ([]redis.XStream, error) {
 	if streams > len(b) {
 		return nil, errBadReply
 	}
-	res := make([]redis.XStream, 0, streams)
+	res := make([]streamRead, 0, streams)
 	var offs []int // scratch: bounds of one entry's names and values
 	for range streams {
 		if !resp3 {
@@ -178,13 +243,13 @@ func parseXRead(b []byte) ([]redis.XStream, error) {
 		if err != nil || m < 0 || m > len(b) {
 			return nil, errBadReply
 		}
-		x := redis.XStream{Stream: string(b[s0:s1]), Messages: make([]redis.XMessage, 0, m)}
+		x := streamRead{stream: string(b[s0:s1]), entries: make([]entry, 0, m)}
 		for range m {
-			var msg redis.XMessage
-			if msg, offs, err = p.entry(offs); err != nil {
+			var e entry
+			if e, offs, err = p.entry(offs); err != nil {
 				return nil, err
 			}
-			x.Messages = append(x.Messages, msg)
+			x.entries = append(x.entries, e)
 		}
 		res = append(res, x)
 	}
@@ -195,50 +260,44 @@ func parseXRead(b []byte) ([]redis.XStream, error) {
 }
 
 // entry reads one [id, fields] (or [id, fields, idle, deliveries]) entry.
-func (p *respParser) entry(offs []int) (redis.XMessage, []int, error) {
+func (p *respParser) entry(offs []int) (entry, []int, error) {
 	k, err := p.aggregate(false)
 	if err != nil || (k != 2 && k != 4) {
-		return redis.XMessage{}, offs, errBadReply
+		return entry{}, offs, errBadReply
 	}
 	i0, i1, err := p.blob()
 	if err != nil {
-		return redis.XMessage{}, offs, errBadReply
+		return entry{}, offs, errBadReply
 	}
 	f, err := p.aggregate(true)
 	if err != nil || (f > 0 && f%2 != 0) || f > len(p.b) {
-		return redis.XMessage{}, offs, errBadReply
+		return entry{}, offs, errBadReply
 	}
 	offs = offs[:0]
 	for range max(f, 0) {
 		a, b, err := p.blob()
 		if err != nil {
-			return redis.XMessage{}, offs, errBadReply
+			return entry{}, offs, errBadReply
 		}
 		offs = append(offs, a, b)
 	}
 	end := p.pos
 	if k == 4 {
 		if p.skip() != nil || p.skip() != nil {
-			return redis.XMessage{}, offs, errBadReply
+			return entry{}, offs, errBadReply
 		}
 	}
 	// One string for the entry; its id, names and values share it.
 	s := string(p.b[i0:end])
-	msg := redis.XMessage{ID: s[:i1-i0]}
+	e := entry{id: s[:i1-i0]}
 	if f < 0 {
-		return msg, offs, nil // deleted while pending
+		return e, offs, nil // deleted while pending
 	}
-	msg.Values = make(map[string]any, f/2)
-	for j := 0; j < len(offs); j += 4 {
-		name := s[offs[j]-i0 : offs[j+1]-i0]
-		v := s[offs[j+2]-i0 : offs[j+3]-i0]
-		if v == "1" {
-			msg.Values[name] = boxedOne
-		} else {
-			msg.Values[name] = v
-		}
+	e.fields = make([]string, f)
+	for j := 0; j < len(offs); j += 2 {
+		e.fields[j/2] = s[offs[j]-i0 : offs[j+1]-i0]
 	}
-	return msg, offs, nil
+	return e, offs, nil
 }
 
 // rawArgs returns the arguments of a's XREADGROUP without BLOCK.

@@ -12,7 +12,7 @@ import (
 // xreader sends a consumer's blocking XREADGROUP: a [blockingReader] of its
 // own, or its part of a pool's shared read (shared.go).
 type xreader interface {
-	read(ctx context.Context, args *redis.XReadGroupArgs) ([]redis.XStream, error)
+	read(ctx context.Context, args *redis.XReadGroupArgs) ([]streamRead, error)
 	// interrupt ends a blocked read, if there is one.
 	interrupt()
 	// close releases the reader; call it after the last read.
@@ -85,19 +85,20 @@ func (r *blockingReader) prepare(ctx context.Context) error {
 	return nil
 }
 
-func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) ([]redis.XStream, error) {
+func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) ([]streamRead, error) {
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
 	if r.conn == nil {
-		return r.rdb.XReadGroup(ctx, args).Result()
+		res, err := r.rdb.XReadGroup(ctx, args).Result()
+		return readOf(res), err
 	}
 	if r.full && !args.NoAck && args.Claim == 0 {
 		// A backlog is likely there: read without BLOCK and parse the reply
 		// here (rawread.go); none there after all, block as usual below.
 		r.full = false
 		raw, err := r.conn.DoRaw(ctx, rawArgs(args)...).Result()
-		var res []redis.XStream
+		var res []streamRead
 		if err == nil {
 			res, err = parseXRead(raw)
 		}
@@ -110,10 +111,11 @@ func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) (
 			return nil, err
 		}
 	}
-	res, err := r.conn.XReadGroup(ctx, args).Result()
+	typed, err := r.conn.XReadGroup(ctx, args).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		r.failed(err)
 	}
+	res := readOf(typed)
 	r.full = err == nil && isFull(res, args.Count)
 	return res, err
 }
@@ -127,9 +129,9 @@ func (r *blockingReader) failed(err error) {
 
 // isFull reports whether a read of up to count entries a stream got that
 // many for one of its streams.
-func isFull(res []redis.XStream, count int64) bool {
+func isFull(res []streamRead, count int64) bool {
 	for _, x := range res {
-		if count > 0 && int64(len(x.Messages)) >= count {
+		if count > 0 && int64(len(x.entries)) >= count {
 			return true
 		}
 	}

@@ -74,7 +74,7 @@ type readReq struct {
 	deadline  time.Time
 	cancelled bool // guarded by the reader's mu
 	skipped   bool // left out of the last read for its small room; guarded by mu
-	res       []redis.XStream
+	res       []streamRead
 	err       error
 	done      chan struct{}
 }
@@ -107,7 +107,7 @@ func (s *sharedReader) member() xreader { return sharedMember{s} }
 // sharedMember is a queue's handle on its group's sharedReader.
 type sharedMember struct{ s *sharedReader }
 
-func (m sharedMember) read(ctx context.Context, args *redis.XReadGroupArgs) ([]redis.XStream, error) {
+func (m sharedMember) read(ctx context.Context, args *redis.XReadGroupArgs) ([]streamRead, error) {
 	s := m.s
 	r := &readReq{stream: args.Streams[0], count: args.Count, deadline: time.Now().Add(args.Block), done: make(chan struct{})}
 	s.mu.Lock()
@@ -142,7 +142,7 @@ func (s *sharedReader) markStale() {
 }
 
 // answer ends r with res and err. Call it with s.mu held.
-func answer(r *readReq, res []redis.XStream, err error) {
+func answer(r *readReq, res []streamRead, err error) {
 	r.res, r.err = res, err
 	close(r.done)
 }
@@ -234,13 +234,13 @@ func (s *sharedReader) loop() {
 		switch {
 		case err == nil || errors.Is(err, redis.Nil):
 			retried = false
-			got := make(map[string][]redis.XMessage, len(res))
+			got := make(map[string][]entry, len(res))
 			for _, x := range res {
-				got[x.Stream] = x.Messages
+				got[x.stream] = x.entries
 			}
 			for _, r := range flight {
 				if msgs := got[r.stream]; len(msgs) > 0 {
-					answer(r, []redis.XStream{{Stream: r.stream, Messages: msgs}}, nil)
+					answer(r, []streamRead{{stream: r.stream, entries: msgs}}, nil)
 					done[r] = true
 				} else if r.cancelled || !now.Before(r.deadline) {
 					answer(r, nil, redis.Nil)

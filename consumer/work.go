@@ -59,7 +59,7 @@ type task struct {
 // delivery is an entry this consumer now owns.
 type delivery struct {
 	id         string
-	fields     map[string]any
+	fields     []string // names and values (see entry)
 	deliveries int
 	at         time.Time // when the read that delivered it was sent
 	// cancelled: re-read or reclaimed with its record cancelling for this
@@ -129,7 +129,7 @@ func (c *Consumer) dispatch(d delivery, fresh bool, now time.Time) {
 // that the slots taken for the reads of owned entries (intake.go) only size
 // those reads.
 func (c *Consumer) isSuspect(d delivery, fresh bool) bool {
-	return d.deliveries > 1 || d.fields[stream.FieldSuspect] == "1" || (!fresh && c.share != nil)
+	return d.deliveries > 1 || field(d.fields, stream.FieldSuspect) == "1" || (!fresh && c.share != nil)
 }
 
 // runWorker is one of the consumer's Concurrency workers: it runs fresh
@@ -260,7 +260,7 @@ func (c *Consumer) startable(t *task) bool {
 // decode returns d's job, or the dead-letter reason and error of an entry
 // that must not reach the handler.
 func (c *Consumer) decode(d delivery) (job *stream.Job, reason string, deadError error) {
-	job, err := stream.DecodeLimit(d.id, d.fields, c.r.MaxEntryBytes)
+	job, err := stream.DecodeFields(d.id, d.fields, c.r.MaxEntryBytes)
 	if err != nil {
 		return nil, ReasonMalformed, err
 	}

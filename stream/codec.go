@@ -166,35 +166,109 @@ func Decode(id string, fields map[string]any) (*Job, error) {
 // limit. The returned error is always a *DecodeError; the function never
 // panics, whatever the entry holds.
 func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
+	pairs := make([]string, 0, 2*len(fields))
+	var bad *DecodeError // a value that is not a string: the smallest name's
+	for name, raw := range fields {
+		if v, ok := raw.(string); ok {
+			pairs = append(pairs, name, v)
+		} else if bad == nil || name < bad.Field {
+			bad = &DecodeError{EntryID: id, Field: name, Reason: fmt.Sprintf("value is a %T, not a string", raw)}
+		}
+	}
+	return decode(id, pairs, len(fields), maxBytes, bad)
+}
+
+// DecodeFields is [DecodeLimit] for an entry's fields as Redis sends them:
+// names and values in order (name, value, name, value ...), with no map to
+// build. Of a name given twice the last value is the one decoded and
+// checked, as in a map built from the pairs; every value counts toward the
+// size and field limits, as Redis holds them all. An odd count is rejected.
+func DecodeFields(id string, fields []string, maxBytes int) (*Job, error) {
+	if len(fields)%2 != 0 {
+		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has an odd number of field names and values (%d)", len(fields))}
+	}
+	return decode(id, fields, len(fields)/2, maxBytes, nil)
+}
+
+// ownBit returns a bit of its own for each of the format's fields, 0 for
+// another name.
+func ownBit(name string) uint32 {
+	switch name {
+	case FieldVersion:
+		return 1 << 0
+	case FieldType:
+		return 1 << 1
+	case FieldPayload:
+		return 1 << 2
+	case FieldJobID:
+		return 1 << 3
+	case FieldIdempotencyKey:
+		return 1 << 4
+	case FieldAttempt:
+		return 1 << 5
+	case FieldMaxAttempts:
+		return 1 << 6
+	case FieldCreatedAt:
+		return 1 << 7
+	case FieldLockKey:
+		return 1 << 8
+	case FieldContentType:
+		return 1 << 9
+	case FieldTraceParent:
+		return 1 << 10
+	case FieldTraceState:
+		return 1 << 11
+	case FieldLastError:
+		return 1 << 12
+	case FieldErrorHistory:
+		return 1 << 13
+	case FieldFirstFailedAt:
+		return 1 << 14
+	case FieldSuspect:
+		return 1 << 15
+	case FieldTrack:
+		return 1 << 16
+	}
+	return 0
+}
+
+// decode decodes the n fields of entry id: pairs (name, value ...) and, in
+// bad, the error of one that is not a string (nil if none).
+func decode(id string, pairs []string, n int, maxBytes int, bad *DecodeError) (*Job, error) {
 	fail := func(field, format string, args ...any) (*Job, error) {
 		return nil, &DecodeError{EntryID: id, Field: field, Reason: fmt.Sprintf(format, args...)}
 	}
-	if len(fields) == 0 {
+	if n == 0 {
 		return fail("", "entry has no fields (an empty or trimmed entry)")
 	}
-	if len(fields) > MaxFields+ownFields {
-		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has %d fields, over the limit of %d besides the format's own", len(fields), MaxFields), Fields: len(fields)}
+	if n > MaxFields+ownFields {
+		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has %d fields, over the limit of %d besides the format's own", n, MaxFields), Fields: n}
 	}
 	j := &Job{EntryID: id}
 	// Every field is looked at before an error is returned, so that the
-	// error does not depend on map order: the size limit first, then the
-	// wrong field with the smallest name.
-	var bad *DecodeError
+	// error does not depend on the fields' order: the size limit first, then
+	// the wrong field with the smallest name.
 	reject := func(field, format string, args ...any) {
 		if bad == nil || field < bad.Field {
 			bad = &DecodeError{EntryID: id, Field: field, Reason: fmt.Sprintf(format, args...)}
 		}
 	}
-	size, biggest, biggestLen := 0, "", -1
-	for name, raw := range fields {
-		v, ok := raw.(string)
-		if !ok {
-			reject(name, "value is a %T, not a string", raw)
-			continue
-		}
+	// Backwards, so that the last value of a name given twice is the one
+	// decoded and checked (seen: the format's fields met so far); every
+	// value counts toward the size, as Redis holds them all.
+	size, biggest, biggestLen, typed := 0, "", -1, false
+	var seen uint32
+	for i := len(pairs) - 2; i >= 0; i -= 2 {
+		name, v := pairs[i], pairs[i+1]
 		size += len(name) + len(v)
 		if len(v) > biggestLen || (len(v) == biggestLen && name < biggest) {
 			biggest, biggestLen = name, len(v)
+		}
+		if bit := ownBit(name); bit != 0 {
+			if seen&bit != 0 {
+				continue
+			}
+			seen |= bit
 		}
 		var err error
 		switch name {
@@ -203,7 +277,7 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 				reject(name, "unsupported format version %s (this consumer reads version 1)", quote(v))
 			}
 		case FieldType:
-			j.Type = v
+			j.Type, typed = v, true
 		case FieldPayload:
 			if maxBytes <= 0 || len(v) <= maxBytes {
 				j.Payload = []byte(v)
@@ -250,12 +324,16 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 				if j.Headers == nil {
 					j.Headers = make(map[string]string)
 				}
-				j.Headers[h] = v
+				if _, dup := j.Headers[h]; !dup {
+					j.Headers[h] = v
+				}
 			} else {
 				if j.Extra == nil {
 					j.Extra = make(map[string]string)
 				}
-				j.Extra[name] = v
+				if _, dup := j.Extra[name]; !dup {
+					j.Extra[name] = v
+				}
 			}
 		}
 		if err != nil {
@@ -273,7 +351,7 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 		return nil, bad
 	}
 	if j.Type == "" {
-		if _, ok := fields[FieldType]; ok {
+		if typed {
 			return fail(FieldType, "is empty")
 		}
 		return fail(FieldType, "is missing")

@@ -552,3 +552,28 @@ func TestDecode_deterministicField(t *testing.T) {
 		t.Fatalf("oversize entry with a bad field: %v, want the size error on payload", err)
 	}
 }
+
+func TestDecodeFields(t *testing.T) {
+	t.Parallel()
+
+	// A name given twice: the last value is decoded, and both count toward
+	// the size limit.
+	job, err := stream.DecodeFields(entryID, []string{"type", "a", "payload", "12345", "type", "b"}, 0)
+	if err != nil || job.Type != "b" || string(job.Payload) != "12345" {
+		t.Fatalf("DecodeFields(type twice) = %+v, %v; want type b, payload 12345", job, err)
+	}
+	var de *stream.DecodeError
+	_, err = stream.DecodeFields(entryID, []string{"type", "a", "payload", "12345", "type", "b"}, 21)
+	if !errors.As(err, &de) || de.Size != 22 {
+		t.Fatalf("DecodeFields(22 bytes, limit 21) error %v; want a DecodeError of size 22", err)
+	}
+	_, err = stream.DecodeFields(entryID, []string{"type", "a", "payload"}, 0)
+	if !errors.As(err, &de) || !strings.Contains(de.Reason, "odd number") {
+		t.Fatalf("DecodeFields(odd count) error %v; want a DecodeError saying odd number", err)
+	}
+	for _, f := range [][]string{nil, {}} {
+		if _, err := stream.DecodeFields(entryID, f, 0); !errors.As(err, &de) || !strings.Contains(de.Reason, "no fields") {
+			t.Fatalf("DecodeFields(%#v) error %v; want no fields", f, err)
+		}
+	}
+}

@@ -3,6 +3,8 @@ package stream_test
 import (
 	"bytes"
 	"errors"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -100,6 +102,7 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id string, data []byte) {
 		fields := fuzzFields(data)
 		job, err := stream.Decode(id, fields)
+		checkSameAsPairs(t, id, fields, job, err)
 		if err != nil {
 			checkFuzzError(t, id, fields, job, err)
 			return
@@ -165,6 +168,41 @@ func checkFuzzError(t *testing.T, id string, fields map[string]any, job *stream.
 	default:
 		if !strings.Contains(err.Error(), "field "+strconv.Quote(de.Field)) {
 			t.Errorf("message %q does not name field %q", err.Error(), de.Field)
+		}
+	}
+}
+
+// checkSameAsPairs checks that DecodeFields decodes fields, given as pairs
+// in either name order or each name twice (a junk value first), as Decode
+// did (job, err), when every value is a string.
+func checkSameAsPairs(t *testing.T, id string, fields map[string]any, job *stream.Job, err error) {
+	t.Helper()
+	var pairs []string
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		v, ok := fields[k].(string)
+		if !ok {
+			return
+		}
+		pairs = append(pairs, k, v)
+	}
+	reversed := make([]string, 0, len(pairs))
+	for i := len(pairs) - 2; i >= 0; i -= 2 {
+		reversed = append(reversed, pairs[i], pairs[i+1])
+	}
+	// Each name given twice, a junk value first: the last value counts.
+	doubled := make([]string, 0, 2*len(pairs))
+	for i := 0; i < len(pairs); i += 2 {
+		doubled = append(doubled, pairs[i], "\x00junk", pairs[i], pairs[i+1])
+	}
+	for _, p := range [][]string{pairs, reversed, doubled} {
+		got, gotErr := stream.DecodeFields(id, p, stream.DefaultMaxEntryBytes)
+		if (err == nil) != (gotErr == nil) || (err != nil && err.Error() != gotErr.Error()) {
+			t.Fatalf("DecodeFields(%q) error %v; Decode of the map: %v", p, gotErr, err)
+		}
+		if err == nil {
+			for _, d := range jobDiff(got, job, true) {
+				t.Errorf("DecodeFields(%q): %s", p, d)
+			}
 		}
 	}
 }
