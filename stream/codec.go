@@ -180,14 +180,28 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 
 // DecodeFields is [DecodeLimit] for an entry's fields as Redis sends them:
 // names and values in order (name, value, name, value ...), with no map to
-// build. Of a name given twice the last value is the one decoded and
-// checked, as in a map built from the pairs; every value counts toward the
-// size and field limits, as Redis holds them all. An odd count is rejected.
+// build. Of a name given twice only the last value counts: it is the one
+// decoded, checked and counted toward the size and field limits, as in a
+// map built from the pairs (go-redis's typed reads build one). As a bound
+// on the work, an entry of more than MaxFields plus the format's own
+// fields in all, duplicates included, is rejected before decoding. An odd
+// count is rejected.
 func DecodeFields(id string, fields []string, maxBytes int) (*Job, error) {
 	if len(fields)%2 != 0 {
 		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has an odd number of field names and values (%d)", len(fields))}
 	}
 	return decode(id, fields, len(fields)/2, maxBytes, nil)
+}
+
+// has reports whether j holds name (not a field of the format's own) as a
+// header or an unknown field.
+func (j *Job) has(name string) bool {
+	if h, ok := strings.CutPrefix(name, HeaderPrefix); ok && h != "" {
+		_, ok := j.Headers[h]
+		return ok
+	}
+	_, ok := j.Extra[name]
+	return ok
 }
 
 // ownBit returns a bit of its own for each of the format's fields, 0 for
@@ -254,21 +268,23 @@ func decode(id string, pairs []string, n int, maxBytes int, bad *DecodeError) (*
 		}
 	}
 	// Backwards, so that the last value of a name given twice is the one
-	// decoded and checked (seen: the format's fields met so far); every
-	// value counts toward the size, as Redis holds them all.
+	// decoded, checked and counted toward the size (seen: the format's
+	// fields met so far), as when the pairs are a map.
 	size, biggest, biggestLen, typed := 0, "", -1, false
 	var seen uint32
 	for i := len(pairs) - 2; i >= 0; i -= 2 {
 		name, v := pairs[i], pairs[i+1]
-		size += len(name) + len(v)
-		if len(v) > biggestLen || (len(v) == biggestLen && name < biggest) {
-			biggest, biggestLen = name, len(v)
-		}
 		if bit := ownBit(name); bit != 0 {
 			if seen&bit != 0 {
 				continue
 			}
 			seen |= bit
+		} else if j.has(name) {
+			continue
+		}
+		size += len(name) + len(v)
+		if len(v) > biggestLen || (len(v) == biggestLen && name < biggest) {
+			biggest, biggestLen = name, len(v)
 		}
 		var err error
 		switch name {
@@ -324,16 +340,12 @@ func decode(id string, pairs []string, n int, maxBytes int, bad *DecodeError) (*
 				if j.Headers == nil {
 					j.Headers = make(map[string]string)
 				}
-				if _, dup := j.Headers[h]; !dup {
-					j.Headers[h] = v
-				}
+				j.Headers[h] = v
 			} else {
 				if j.Extra == nil {
 					j.Extra = make(map[string]string)
 				}
-				if _, dup := j.Extra[name]; !dup {
-					j.Extra[name] = v
-				}
+				j.Extra[name] = v
 			}
 		}
 		if err != nil {

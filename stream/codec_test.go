@@ -556,16 +556,24 @@ func TestDecode_deterministicField(t *testing.T) {
 func TestDecodeFields(t *testing.T) {
 	t.Parallel()
 
-	// A name given twice: the last value is decoded, and both count toward
-	// the size limit.
-	job, err := stream.DecodeFields(entryID, []string{"type", "a", "payload", "12345", "type", "b"}, 0)
-	if err != nil || job.Type != "b" || string(job.Payload) != "12345" {
-		t.Fatalf("DecodeFields(type twice) = %+v, %v; want type b, payload 12345", job, err)
+	// A name given twice: only the last value is decoded and counted
+	// toward the size limit (17 bytes: type b, payload 12345).
+	for _, c := range []struct {
+		fields []string
+		size   int
+	}{
+		{[]string{"type", "a", "payload", "12345", "type", "b"}, 17},
+		{[]string{"h.x", "1", "type", "a", "payload", "12345", "h.x", "", "type", "b"}, 20},
+	} {
+		job, err := stream.DecodeFields(entryID, c.fields, c.size)
+		if err != nil || job.Type != "b" || string(job.Payload) != "12345" || (job.Headers != nil && job.Headers["x"] != "") {
+			t.Fatalf("DecodeFields(%q, limit %d) = %+v, %v; want type b, payload 12345, header x empty", c.fields, c.size, job, err)
+		}
 	}
 	var de *stream.DecodeError
-	_, err = stream.DecodeFields(entryID, []string{"type", "a", "payload", "12345", "type", "b"}, 21)
-	if !errors.As(err, &de) || de.Size != 22 {
-		t.Fatalf("DecodeFields(22 bytes, limit 21) error %v; want a DecodeError of size 22", err)
+	_, err := stream.DecodeFields(entryID, []string{"type", "a", "payload", "12345", "type", "b"}, 16)
+	if !errors.As(err, &de) || de.Size != 17 {
+		t.Fatalf("DecodeFields(17 bytes, limit 16) error %v; want a DecodeError of size 17", err)
 	}
 	_, err = stream.DecodeFields(entryID, []string{"type", "a", "payload"}, 0)
 	if !errors.As(err, &de) || !strings.Contains(de.Reason, "odd number") {
