@@ -33,8 +33,11 @@ type streamRead struct {
 	entries []entry
 }
 
-// readOf converts a typed XREADGROUP reply.
+// readOf converts a typed XREADGROUP reply (nil for none).
 func readOf(res []redis.XStream) []streamRead {
+	if len(res) == 0 {
+		return nil
+	}
 	out := make([]streamRead, len(res))
 	for i, x := range res {
 		out[i] = streamRead{stream: x.Stream, entries: make([]entry, len(x.Messages))}

@@ -131,11 +131,7 @@ func encodedCap(j *Job) int { return 2 * (ownFields + len(j.Headers) + len(j.Ext
 // isFormatField reports whether name is a field of wire format v1, a header
 // field (h.<name>) included.
 func isFormatField(name string) bool {
-	switch name {
-	case FieldVersion, FieldType, FieldPayload, FieldJobID, FieldIdempotencyKey,
-		FieldAttempt, FieldMaxAttempts, FieldCreatedAt, FieldLockKey,
-		FieldContentType, FieldTraceParent, FieldTraceState, FieldLastError,
-		FieldErrorHistory, FieldFirstFailedAt, FieldSuspect, FieldTrack:
+	if ownBit(name) != 0 {
 		return true
 	}
 	h, ok := strings.CutPrefix(name, HeaderPrefix)
