@@ -42,12 +42,12 @@ type deadReq struct {
 	// args are the job's dead.lua values without the index (entry ID,
 	// reason, error, attempts, mode), set the pairs to set in the copy, and
 	// fields the entry's fields to record (mode "record:<size>"); read are
-	// the fields as the consumer read them, sent only when the entry is no
-	// longer in the stream (dead.lua's -2).
+	// the fields as the consumer read them (names and values in order), sent
+	// only when the entry is no longer in the stream (dead.lua's -2).
 	args   []any
 	set    []any
 	fields []any
-	read   map[string]any
+	read   []string
 	index  string
 	info   DeadLetter
 }
@@ -57,10 +57,9 @@ type deadReq struct {
 // field values. job is nil for an entry that did not decode; jobCtx is the
 // context its handler ran under.
 func (c *Consumer) deadRequest(jobCtx context.Context, id string, pairs []string, reason string, cause error, attempts int, job *stream.Job) *retryReq {
-	fields := fieldMap(pairs)
 	msg := errText(cause)
 	stored := c.errorText(job, msg) // what dead_error holds
-	d := &deadReq{read: fields, info: DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream,
+	d := &deadReq{read: pairs, info: DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream,
 		DeadLetterStream: c.r.DeadLetterStream, Reason: reason, Error: stored, Attempts: attempts}}
 	set := make(map[string]string)
 	if job != nil && msg != "" {
@@ -78,7 +77,7 @@ func (c *Consumer) deadRequest(jobCtx context.Context, id string, pairs []string
 	}
 	if c.r.RedactDeadLetter != nil && job != nil {
 		for k, v := range c.r.RedactDeadLetter(job) {
-			if _, ok := fields[k]; ok { // a replacement, never a new field
+			if hasField(pairs, k) { // a replacement, never a new field
 				set[k] = v
 			}
 		}
@@ -89,7 +88,7 @@ func (c *Consumer) deadRequest(jobCtx context.Context, id string, pairs []string
 		// Over the size limit: recorded cut short, from what the consumer
 		// read; copying it whole would hold several copies of it in Redis.
 		mode = "record:" + strconv.Itoa(de.Size)
-		d.read = cutShort(fields)
+		d.read = cutShort(pairs)
 		d.fields = appendFields(nil, d.read)
 	}
 	d.args = []any{id, reason, stored, attempts, mode}
@@ -98,9 +97,8 @@ func (c *Consumer) deadRequest(jobCtx context.Context, id string, pairs []string
 		r.size += len(k) + len(set[k])
 	}
 	// What dead.lua holds of the entry: its copy, or the fields recorded.
-	for k, v := range d.read {
-		s, _ := v.(string)
-		r.size += len(k) + len(s)
+	for _, s := range d.read {
+		r.size += len(s)
 	}
 	if job != nil && job.Track && job.ID != "" {
 		d.index = stream.JobKey(c.r.keys, job.ID)

@@ -77,14 +77,15 @@ func field(fields []string, name string) string {
 	return ""
 }
 
-// fieldMap returns fields (names and values, as in an entry) as a map, the
-// last value of a name given twice.
-func fieldMap(fields []string) map[string]any {
-	m := make(map[string]any, len(fields)/2)
+// hasField reports whether fields (names and values, as in an entry) has
+// the name.
+func hasField(fields []string, name string) bool {
 	for i := 0; i+1 < len(fields); i += 2 {
-		m[fields[i]] = fields[i+1]
+		if fields[i] == name {
+			return true
+		}
 	}
-	return m
+	return false
 }
 
 // replyError is an error reply of Redis (NOGROUP, ...) met in a raw reply;

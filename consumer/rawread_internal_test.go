@@ -211,3 +211,13 @@ func FuzzParseXRead(f *testing.F) {
 		checkSame(t, encodeXRead("s", entries, resp3))
 	})
 }
+
+// fieldMap returns fields (names and values, as in an entry) as a map, the
+// last value of a name given twice.
+func fieldMap(fields []string) map[string]any {
+	m := make(map[string]any, len(fields)/2)
+	for i := 0; i+1 < len(fields); i += 2 {
+		m[fields[i]] = fields[i+1]
+	}
+	return m
+}

@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"time"
 
@@ -403,23 +402,24 @@ func (c *Consumer) logDone(ids []string, stale []string) {
 // oversize entry keeps.
 const cutShortBytes = 1024
 
-// cutShort returns fields with each value cut to cutShortBytes.
-func cutShort(fields map[string]any) map[string]any {
-	out := make(map[string]any, len(fields))
-	for k, v := range fields {
-		s, _ := v.(string)
-		if len(s) > cutShortBytes {
+// cutShort returns fields (names and values, as in an entry) with each
+// value cut to cutShortBytes, in the same order.
+func cutShort(fields []string) []string {
+	out := make([]string, len(fields))
+	for i, s := range fields {
+		if i%2 == 1 && len(s) > cutShortBytes {
 			s = s[:cutShortBytes]
 		}
-		out[k] = s
+		out[i] = s
 	}
 	return out
 }
 
-// appendFields appends fields' names and values to args, in name order.
-func appendFields(args []any, fields map[string]any) []any {
-	for _, k := range slices.Sorted(maps.Keys(fields)) {
-		args = append(args, k, fields[k])
+// appendFields appends fields (names and values, as in an entry) to args,
+// in their order.
+func appendFields(args []any, fields []string) []any {
+	for _, s := range fields {
+		args = append(args, s)
 	}
 	return args
 }

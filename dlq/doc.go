@@ -22,8 +22,8 @@
 //   - The replayed job is the entry's raw fields without the dead_* fields
 //     and without attempt (so it starts again at attempt 0). It keeps job_id
 //     and idempotency_key (a job that had no job_id gets its first entry's
-//     ID, as a retry would) and gains replayed_from (the dead-letter entry ID)
-//     and replay_count. Its history (last_error, error_history,
+//     ID, and one without created_at that entry's time, as a retry would)
+//     and gains replayed_from (the dead-letter entry ID) and replay_count. Its history (last_error, error_history,
 //     first_failed_at) is kept. See move.lua.
 //   - One replay per dead-letter stream at a time: a replay holds a lease (a
 //     key with a random token, SET NX PX, renewed every LeaseTTL/3); a second

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -290,6 +291,77 @@ func oversizeOnce(t *testing.T) float64 {
 		return n == 0, fmt.Sprintf("stream length %d after both entries settled; want 0", n)
 	})
 	return growth
+}
+
+// An oversize entry's dead letter keeps the fields as the consumer read
+// them, in that order: a raw read (while a backlog keeps the reads full)
+// has every name, duplicates included, in the stream's order; a read
+// through go-redis has one value per name (the last), in name order
+// (docs/wire-format.md). With Concurrency 1 and a backlog, every read after
+// the first is full, so most of these entries are read raw.
+func TestHostile_oversizeDeadLetterOrder(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	q := redistest.Name(t)
+	t.Cleanup(func() { redistest.DeleteKeys(rdb, q+"*") })
+	ctx := context.Background()
+	keys, _ := stream.KeysFor(q)
+	if err := rdb.XGroupCreateMkStream(ctx, q, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	big := strings.Repeat("p", 3000)
+	raw := make([][]string, n)
+	for i := range n {
+		id := "o" + strconv.Itoa(i)
+		raw[i] = []string{"type", "t", "zeta", "z1", "payload", big, "alpha", "a1", "zeta", "z2", "job_id", id, "alpha", "a2"}
+		rawXADD(t, rdb, q, "*", raw[i]...)
+	}
+	h := runHostile(t, rdb, q, consumer.Config{Concurrency: 1, MaxEntryBytes: 2000})
+	eventually(t, 30*time.Second, func() (bool, string) {
+		l := rdb.XLen(ctx, keys.Dead).Val()
+		return l == n, fmt.Sprintf("%d dead letters, want %d", l, n)
+	})
+	if r := h.runsText(); r != "map[]" {
+		t.Errorf("oversize jobs ran: %s", r)
+	}
+	cut := big[:1024]
+	inOrder := []string{"type", "t", "zeta", "z1", "payload", cut, "alpha", "a1", "zeta", "z2", "job_id", "", "alpha", "a2"}
+	merged := []string{"alpha", "a2", "job_id", "", "payload", cut, "type", "t", "zeta", "z2"}
+	res, err := rdb.Do(ctx, "XRANGE", keys.Dead, "-", "+").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raws := 0
+	for _, e := range res {
+		var fields []string
+		for _, v := range e.([]any)[1].([]any) {
+			fields = append(fields, v.(string))
+		}
+		var job []string // the fields but dead_*
+		jobID := ""
+		for i := 0; i+1 < len(fields); i += 2 {
+			if strings.HasPrefix(fields[i], "dead_") {
+				continue
+			}
+			if fields[i] == "job_id" {
+				jobID, fields[i+1] = fields[i+1], ""
+			}
+			job = append(job, fields[i], fields[i+1])
+		}
+		switch {
+		case slices.Equal(job, inOrder):
+			raws++
+		case slices.Equal(job, merged):
+		default:
+			t.Errorf("dead letter of %s: fields %q; want them as in the stream (%q) or merged in name order (%q), job_id aside, payload cut to 1 KiB",
+				jobID, job, inOrder, merged)
+		}
+	}
+	t.Logf("%d of %d dead letters as read raw", raws, n)
+	if raws == 0 {
+		t.Errorf("no dead letter kept the stream's order and duplicates; with a backlog read one at a time, the reads after the first are raw")
+	}
 }
 
 func infoInt(t *testing.T, rdb *redis.Client, section, key string) int64 {

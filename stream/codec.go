@@ -178,10 +178,8 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 // names and values in order (name, value, name, value ...), with no map to
 // build. Of a name given twice only the last value counts: it is the one
 // decoded, checked and counted toward the size and field limits, as in a
-// map built from the pairs (go-redis's typed reads build one). As a bound
-// on the work, an entry of more than MaxFields plus the format's own
-// fields in all, duplicates included, is rejected before decoding. An odd
-// count is rejected.
+// map built from the pairs (go-redis's typed reads build one), so that an
+// entry decodes the same however it was read. An odd count is rejected.
 func DecodeFields(id string, fields []string, maxBytes int) (*Job, error) {
 	if len(fields)%2 != 0 {
 		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has an odd number of field names and values (%d)", len(fields))}
@@ -250,9 +248,6 @@ func decode(id string, pairs []string, n int, maxBytes int, bad *DecodeError) (*
 	}
 	if n == 0 {
 		return fail("", "entry has no fields (an empty or trimmed entry)")
-	}
-	if n > MaxFields+ownFields {
-		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has %d fields, over the limit of %d besides the format's own", n, MaxFields), Fields: n}
 	}
 	j := &Job{EntryID: id}
 	// Every field is looked at before an error is returned, so that the

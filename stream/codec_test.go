@@ -584,4 +584,22 @@ func TestDecodeFields(t *testing.T) {
 			t.Fatalf("DecodeFields(%#v) error %v; want no fields", f, err)
 		}
 	}
+	// The field limit counts distinct names, however many times each is
+	// given: as when the pairs are a map.
+	many := func(distinct, times int) []string {
+		f := []string{"type", "t"}
+		for range times {
+			for i := range distinct {
+				f = append(f, "h.n"+strconv.Itoa(i), "v")
+			}
+		}
+		return f
+	}
+	if job, err := stream.DecodeFields(entryID, many(stream.MaxFields, 3), 0); err != nil || len(job.Headers) != stream.MaxFields {
+		t.Fatalf("DecodeFields(%d headers, each given 3 times) = %v; want a job with %d headers", stream.MaxFields, err, stream.MaxFields)
+	}
+	_, err = stream.DecodeFields(entryID, many(stream.MaxFields+1, 2), 0)
+	if !errors.As(err, &de) || de.Fields != stream.MaxFields+1 {
+		t.Fatalf("DecodeFields(%d headers, each given twice) error %v; want a DecodeError of %d fields", stream.MaxFields+1, err, stream.MaxFields+1)
+	}
 }
