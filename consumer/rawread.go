@@ -10,14 +10,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The raw read: while a backlog is there, a reader of its own connection
-// sends XREADGROUP without BLOCK through go-redis's DoRaw and parses the
-// reply itself (parseXRead), instead of go-redis's typed XReadGroup, which
-// allocates a string per field name and value and a map per entry. Each
-// entry here costs one string (the entry's bytes, which its id, names and
-// values share) and the slice of its names and values. A blocking read
-// stays typed (its reply converted, see readOf): DoRaw cannot carry the read
-// timeout a blocking command needs.
+// The raw read: a reader of its own connection sends XREADGROUP through
+// go-redis's DoRaw and parses the reply itself (parseXRead), instead of
+// go-redis's typed XReadGroup, which allocates a string per field name and
+// value and a map per entry. Each entry here costs one string (the entry's
+// bytes, which its id, names and values share) and the slice of its names
+// and values. DoRaw carries only the client's ReadTimeout (go-redis gives
+// a typed blocking command BLOCK plus 10 s), so a read blocks raw only when
+// the ReadTimeout leaves room for BLOCK (blockingReader.rawBlocks, as with
+// the defaults); otherwise only the reads while a backlog is there go raw,
+// without BLOCK, and the blocking read stays typed (its reply converted,
+// see readOf).
 
 // An entry is a stream entry as a read returned it: its ID, and its fields'
 // names and values in Redis's order (name, value, name, value ...); nil for
@@ -304,12 +307,16 @@ func (p *respParser) entry(offs []int) (entry, []int, error) {
 	return e, offs, nil
 }
 
-// rawArgs returns the arguments of a's XREADGROUP without BLOCK.
+// rawArgs returns the arguments of a's XREADGROUP (BLOCK in whole
+// milliseconds, at least 1: BLOCK 0 would wait forever).
 func rawArgs(a *redis.XReadGroupArgs) []any {
 	args := make([]any, 0, 7+len(a.Streams))
 	args = append(args, "xreadgroup", "group", a.Group, a.Consumer)
 	if a.Count > 0 {
 		args = append(args, "count", strconv.FormatInt(a.Count, 10))
+	}
+	if a.Block >= 0 {
+		args = append(args, "block", strconv.FormatInt(max(a.Block.Milliseconds(), 1), 10))
 	}
 	args = append(args, "streams")
 	for _, s := range a.Streams {

@@ -33,8 +33,9 @@ type blockingReader struct {
 	// go through rdb and cannot be interrupted.
 	direct atomic.Bool
 	// full: the last read returned as many entries as it asked for, so a
-	// backlog is likely there and the next read is a raw one (rawread.go).
-	// Used by the reading goroutine only.
+	// backlog is likely there and the next read is a raw one (rawread.go)
+	// even when blocking reads cannot be (see read). Used by the reading
+	// goroutine only.
 	full bool
 }
 
@@ -85,6 +86,18 @@ func (r *blockingReader) prepare(ctx context.Context) error {
 	return nil
 }
 
+// rawBlockMargin is how much longer than a read's BLOCK the client's
+// ReadTimeout must be for the read to go raw: go-redis gives a typed
+// blocking read BLOCK plus 10 s, a raw one only the ReadTimeout.
+const rawBlockMargin = time.Second
+
+// rawBlocks reports whether a raw read may block for block (its BLOCK, 0:
+// forever) under the client's ReadTimeout.
+func (r *blockingReader) rawBlocks(block time.Duration) bool {
+	rt := r.cl.Options().ReadTimeout // go-redis's: -1 or 0 mean no timeout
+	return rt <= 0 || (block > 0 && rt >= block+rawBlockMargin)
+}
+
 func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) ([]streamRead, error) {
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
@@ -93,22 +106,34 @@ func (r *blockingReader) read(ctx context.Context, args *redis.XReadGroupArgs) (
 		res, err := r.rdb.XReadGroup(ctx, args).Result()
 		return readOf(res), err
 	}
-	if r.full && !args.NoAck && args.Claim == 0 {
-		// A backlog is likely there: read without BLOCK and parse the reply
-		// here (rawread.go); none there after all, block as usual below.
-		r.full = false
-		raw, err := r.conn.DoRaw(ctx, rawArgs(args)...).Result()
-		var res []streamRead
-		if err == nil {
-			res, err = parseXRead(raw)
-		}
-		if err == nil {
-			r.full = isFull(res, args.Count)
-			return res, nil
-		}
-		if !errors.Is(err, redis.Nil) {
-			r.failed(err)
-			return nil, err
+	if !args.NoAck && args.Claim == 0 {
+		// Raw (rawread.go): blocking, when the ReadTimeout leaves room for
+		// BLOCK; else without BLOCK when a backlog is likely there (the
+		// last read was full), and then, none there after all, typed and
+		// blocking as usual below.
+		raw := args.Block < 0 || r.rawBlocks(args.Block)
+		if raw || r.full {
+			r.full = false
+			a := *args
+			if !raw {
+				a.Block = -1
+			}
+			reply, err := r.conn.DoRaw(ctx, rawArgs(&a)...).Result()
+			var res []streamRead
+			if err == nil {
+				res, err = parseXRead(reply)
+			}
+			if err == nil {
+				r.full = isFull(res, args.Count)
+				return res, nil
+			}
+			if !errors.Is(err, redis.Nil) {
+				r.failed(err)
+				return nil, err
+			}
+			if raw {
+				return nil, err // nothing came within BLOCK
+			}
 		}
 	}
 	typed, err := r.conn.XReadGroup(ctx, args).Result()

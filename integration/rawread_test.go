@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// rawReads counts the XREADGROUPs sent without BLOCK: the reads of a
-// backlog, whose replies the consumer parses itself.
+// rawReads counts the XREADGROUPs sent raw (a *redis.RawCmd), whose
+// replies the consumer parses itself.
 type rawReads struct{ n atomic.Int64 }
 
 func (h *rawReads) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -27,14 +27,14 @@ func (h *rawReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 func (h *rawReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if strings.EqualFold(cmd.Name(), "xreadgroup") && !strings.Contains(strings.ToLower(fmt.Sprint(cmd.Args())), " block ") {
+		if _, raw := cmd.(*redis.RawCmd); raw && strings.EqualFold(cmd.Name(), "xreadgroup") {
 			h.n.Add(1)
 		}
 		return next(ctx, cmd)
 	}
 }
 
-// A backlog is read without BLOCK and its reply parsed by the consumer
+// A backlog is read raw, its reply parsed by the consumer
 // (consumer/rawread.go), on RESP2 and RESP3: every job must come out as
 // written, whatever bytes its fields hold, with duplicate field names (the
 // last one counts) and with a hostile entry among them dead-lettered as
@@ -100,7 +100,92 @@ func TestRawRead_backlogDecodesAsWritten(t *testing.T) {
 				t.Errorf("jobs decoded wrong: %v", bad[:min(len(bad), 3)])
 			}
 			if hook.n.Load() == 0 {
-				t.Errorf("no read of the backlog went without BLOCK: the raw read was not exercised")
+				t.Errorf("no read of the backlog went raw: the raw read was not exercised")
+			}
+		})
+	}
+}
+
+// blockReads counts the XREADGROUPs with BLOCK, raw and typed.
+type blockReads struct{ raw, typed atomic.Int64 }
+
+func (h *blockReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *blockReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *blockReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.EqualFold(cmd.Name(), "xreadgroup") && strings.Contains(strings.ToLower(fmt.Sprint(cmd.Args())), " block ") {
+			if _, raw := cmd.(*redis.RawCmd); raw {
+				h.raw.Add(1)
+			} else {
+				h.typed.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// An idle consumer's blocking reads go raw when the client's ReadTimeout
+// leaves room for Block (README): they wait Block and come back empty
+// without a read error, and a job added meanwhile runs at once. With a
+// ReadTimeout shorter than Block plus a second they stay typed, and
+// idle reads fail no more than raw ones.
+func TestRawRead_blockingRead(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name        string
+		readTimeout time.Duration
+		raw         bool
+	}{
+		{"default", 0, true},
+		{"none", -1, true},
+		{"short", time.Second, false}, // under Block (200 ms) plus a second
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			opt := *redistest.Shared(t).Options()
+			opt.ReadTimeout = c.readTimeout
+			rdb := redis.NewClient(&opt)
+			t.Cleanup(func() { rdb.Close() })
+			hook := &blockReads{}
+			rdb.AddHook(hook)
+			q := redistest.Name(t)
+			t.Cleanup(func() { redistest.DeleteKeys(rdb, q+"*") })
+			ran := make(chan string, 10)
+			cons := consumer.New(rdb, consumer.Config{Stream: q, Group: "g", Consumer: "c", Block: 200 * time.Millisecond,
+				Logger: slog.New(slog.DiscardHandler)}).Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+				ran <- j.ID
+				return nil
+			}))
+			done := make(chan error, 1)
+			go func() { done <- cons.Run(context.Background()) }()
+			t.Cleanup(func() {
+				if err := cons.Shutdown(context.Background()); err != nil {
+					t.Errorf("Shutdown: %v", err)
+				}
+				<-done
+			})
+			// Idle: at least three blocking reads came back empty.
+			eventually(t, 60*time.Second, func() (bool, string) {
+				n := hook.raw.Load() + hook.typed.Load()
+				return n >= 4, fmt.Sprintf("%d blocking reads", n)
+			})
+			rawXADD(t, rdb, q, "*", "type", "t", "job_id", "late", "payload", "{}", "type", "t")
+			select {
+			case id := <-ran:
+				if id != "late" {
+					t.Errorf("ran %q, want late", id)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatal("the job added while the consumer was idle did not run within 60 s")
+			}
+			raw, typed := hook.raw.Load(), hook.typed.Load()
+			if c.raw && (raw == 0 || typed != 0) || !c.raw && (typed == 0 || raw != 0) {
+				t.Errorf("ReadTimeout %v: %d raw and %d typed blocking reads; want them all raw: %v", c.readTimeout, raw, typed, c.raw)
+			}
+			if n := cons.Stats().ReadErrors; n != 0 {
+				t.Errorf("%d read errors while idle", n)
 			}
 		})
 	}
