@@ -34,11 +34,23 @@ const MaxCallsPerSweep = 64
 type Entry struct {
 	// ID is the stream entry ID.
 	ID string
-	// Fields are the entry's field/value pairs, as go-redis returns them in
-	// redis.XMessage.Values.
-	Fields map[string]any
+	// Fields are the entry's field names and values as Redis holds them:
+	// name, value, name, value ..., in the entry's order, a name given
+	// twice kept twice; nil for an entry deleted while pending.
+	Fields []string
 	// Deliveries is the entry's delivery count, this delivery included.
 	Deliveries int
+}
+
+// Field returns the value of the entry's field name (the last one, for a
+// name given twice), or "" when it has none.
+func (e Entry) Field(name string) string {
+	for i := len(e.Fields)&^1 - 2; i >= 0; i -= 2 {
+		if e.Fields[i] == name {
+			return e.Fields[i+1]
+		}
+	}
+	return ""
 }
 
 // Claimer acts for one consumer of one group on one stream. It is safe for
@@ -171,13 +183,15 @@ func parseEntries(v any) ([]Entry, error) {
 		}
 		id, _ := e[0].(string)
 		n, _ := e[2].(int64)
-		var fields map[string]any
+		var fields []string
 		if flat, ok := e[1].([]any); ok {
-			fields = make(map[string]any, len(flat)/2)
-			for i := 0; i+1 < len(flat); i += 2 {
-				if k, ok := flat[i].(string); ok {
-					fields[k] = flat[i+1]
+			fields = make([]string, len(flat))
+			for i, f := range flat {
+				s, ok := f.(string) // Redis sends bulk strings
+				if !ok {
+					s = fmt.Sprint(f)
 				}
+				fields[i] = s
 			}
 		}
 		out = append(out, Entry{ID: id, Fields: fields, Deliveries: int(n)})

@@ -42,7 +42,7 @@ func ExampleClaimer_Sweep() {
 	handle := func(reserved int, claimed []claim.Entry, deleted []string) {
 		free += reserved - len(claimed) // give back the unused slots
 		for _, e := range claimed {
-			fmt.Println("claimed", e.ID, e.Fields["type"], "delivery", e.Deliveries)
+			fmt.Println("claimed", e.ID, e.Field("type"), "delivery", e.Deliveries)
 		}
 		for _, id := range deleted {
 			fmt.Println("lost", id)

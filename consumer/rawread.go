@@ -72,7 +72,7 @@ func pairsOf(fields map[string]any) []string {
 // as in an entry), the last one if it is there twice, as decoding does;
 // "" when absent.
 func field(fields []string, name string) string {
-	for i := len(fields) - 2; i >= 0; i -= 2 {
+	for i := len(fields)&^1 - 2; i >= 0; i -= 2 {
 		if fields[i] == name {
 			return fields[i+1]
 		}

@@ -396,7 +396,7 @@ func clusterClaimAPI(t *testing.T, cc *redis.ClusterClient, name string) {
 	c1 := claim.New(cc, key, "g", "c1")
 	own, deleted, err := c1.ReadOwn(ctx, "0", 10)
 	clusterMust(t, "ReadOwn", err)
-	if got := clusterEntryIDs(own); !slices.Equal(got, ids) || len(deleted) != 0 || own[0].Deliveries != 2 || own[0].Fields["type"] != "x" {
+	if got := clusterEntryIDs(own); !slices.Equal(got, ids) || len(deleted) != 0 || own[0].Deliveries != 2 || own[0].Field("type") != "x" {
 		t.Errorf("ReadOwn = %+v, deleted %v; want %v on their second delivery", own, deleted, ids)
 	}
 	lost, err := c1.Extend(ctx, ids...)

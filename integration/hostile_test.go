@@ -294,13 +294,26 @@ func oversizeOnce(t *testing.T) float64 {
 }
 
 // An oversize entry's dead letter keeps the fields as the consumer read
-// them, in that order: a raw read (while a backlog keeps the reads full)
-// has every name, duplicates included, in the stream's order; a read
-// through go-redis has one value per name (the last), in name order
-// (docs/wire-format.md). With the client's default ReadTimeout and the
-// consumer's default Block, every read is raw.
+// them, in that order (docs/wire-format.md): with the client's default
+// ReadTimeout and the consumer's default Block every read is raw, and so
+// are a reclaim and a re-read of the consumer's own pending entries: every
+// name, duplicates included, in the stream's order.
 func TestHostile_oversizeDeadLetterOrder(t *testing.T) {
 	t.Parallel()
+	for _, path := range []string{"read", "own", "reclaim"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			oversizeOrder(t, path)
+		})
+	}
+}
+
+// oversizeOrder runs TestHostile_oversizeDeadLetterOrder with the entries
+// delivered to the consumer by path: "read" (a backlog read), "own" (read
+// by the consumer's name before it starts: its re-read of its own pending
+// entries) or "reclaim" (read by a consumer that is gone, then reclaimed
+// after the visibility timeout).
+func oversizeOrder(t *testing.T, path string) {
 	rdb := redistest.Shared(t)
 	q := redistest.Name(t)
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, q+"*") })
@@ -311,13 +324,19 @@ func TestHostile_oversizeDeadLetterOrder(t *testing.T) {
 	}
 	const n = 8
 	big := strings.Repeat("p", 3000)
-	raw := make([][]string, n)
 	for i := range n {
-		id := "o" + strconv.Itoa(i)
-		raw[i] = []string{"type", "t", "zeta", "z1", "payload", big, "alpha", "a1", "zeta", "z2", "job_id", id, "alpha", "a2"}
-		rawXADD(t, rdb, q, "*", raw[i]...)
+		rawXADD(t, rdb, q, "*", "type", "t", "zeta", "z1", "payload", big, "alpha", "a1", "zeta", "z2", "job_id", "o"+strconv.Itoa(i), "alpha", "a2")
 	}
-	h := runHostile(t, rdb, q, consumer.Config{Concurrency: 1, MaxEntryBytes: 2000})
+	cfg := consumer.Config{Concurrency: 1, MaxEntryBytes: 2000}
+	switch path {
+	case "own", "reclaim":
+		reader := map[string]string{"own": "c", "reclaim": "gone"}[path]
+		if err := rdb.Do(ctx, "XREADGROUP", "GROUP", "g", reader, "COUNT", n, "STREAMS", q, ">").Err(); err != nil {
+			t.Fatal(err)
+		}
+		cfg.VisibilityTimeout, cfg.SweepInterval, cfg.Block = time.Second, 100*time.Millisecond, 100*time.Millisecond
+	}
+	h := runHostile(t, rdb, q, cfg)
 	eventually(t, 30*time.Second, func() (bool, string) {
 		l := rdb.XLen(ctx, keys.Dead).Val()
 		return l == n, fmt.Sprintf("%d dead letters, want %d", l, n)
@@ -358,9 +377,8 @@ func TestHostile_oversizeDeadLetterOrder(t *testing.T) {
 				jobID, job, inOrder, merged)
 		}
 	}
-	t.Logf("%d of %d dead letters as read raw", raws, n)
 	if raws != n {
-		t.Errorf("%d of %d dead letters kept the stream's order and duplicates; with the default ReadTimeout and Block every read is raw", raws, n)
+		t.Errorf("%s: %d of %d dead letters kept the stream's order and duplicates; want all", path, raws, n)
 	}
 }
 
