@@ -11,7 +11,9 @@
 -- ARGV[4]  the time to live of an index record in ms
 -- ARGV[5]  the lowest of the jobs' entry IDs, ARGV[6] the highest (the
 --          client orders them: no comparison of IDs in Lua)
--- ARGV[7..] one group of values per job, in turn:
+-- ARGV[7]  the most fields a dead letter holds of its entry (the rest are
+--          counted in dead_dropped_fields)
+-- ARGV[8..] one group of values per job, in turn:
 --          entry ID; reason; error text; attempts made;
 --          mode: "copy": copy the entry's fields from the stream;
 --          "record:<size>": record the fields given instead (an oversize
@@ -24,6 +26,9 @@
 --          m: the number of values after those: the entry's fields, with
 --          "record", or with "copy" when an earlier call returned -2 for it
 --          (the entry is no longer in the stream);
+--          left: how many fields of the entry the client left out of the m
+--          values (it sends at most as many as are copied), counted in
+--          dead_dropped_fields when the fields come from ARGV;
 --          the n values, then the m values
 -- Returns  {entries trimmed from the dead-letter stream, then per job in
 --          order: its dead-letter entry ID, -1 when this consumer does not
@@ -32,7 +37,7 @@
 --          written for it: call again with the fields)}.
 -- A dead-letter entry holds the original entry's raw fields, copied here on
 -- the server from the stream (duplicates and binary values intact, the payload
--- never travels through the client again), at most 1100 of them (stream.MaxFields,
+-- never travels through the client again), at most ARGV[7] of them (1100: stream.MaxFields,
 -- the format's own and a margin; the rest are counted in dead_dropped_fields), followed by dead_reason, dead_error, dead_at
 -- (Unix ms, Redis clock), dead_attempts, dead_consumer, dead_entry_id and
 -- dead_stream. Every check (ownership with one ranged XPENDING, the copies,
@@ -40,13 +45,14 @@
 -- settles, so the script settles while Redis is over maxmemory (see
 -- retry.lua), and a call that fails has written nothing. The bound is
 -- trimmed once, after the batch's entries were added.
-local maxFields = 1100
-local jobs, i = {}, 7
+local maxFields = tonumber(ARGV[7])
+local jobs, i = {}, 8
 while i <= #ARGV do
   local n, m = tonumber(ARGV[i + 6]), tonumber(ARGV[i + 7])
   jobs[#jobs + 1] = {id = ARGV[i], reason = ARGV[i + 1], err = ARGV[i + 2], attempts = ARGV[i + 3], mode = ARGV[i + 4],
-                     index = KEYS[tonumber(ARGV[i + 5])], set0 = i + 8, n = n, src0 = i + 8 + n, m = m}
-  i = i + 8 + n + m
+                     index = KEYS[tonumber(ARGV[i + 5])], left = tonumber(ARGV[i + 8]), set0 = i + 9, n = n,
+                     src0 = i + 9 + n, m = m}
+  i = i + 9 + n + m
 end
 -- mine_range comes from ids.lua, put in front of this script; a job listed
 -- twice is settled once.
@@ -60,13 +66,13 @@ for k, j in ipairs(jobs) do
   out[k + 1] = -1
   if got[j.id] then
     got[j.id] = nil
-    local src
+    local src, left = nil, 0
     local e = {}
     if j.mode == 'copy' then e = redis.call('XRANGE', KEYS[1], j.id, j.id) end
     if #e == 1 then
       src = e[1][2]
     elseif j.m > 0 then
-      src = {}
+      src, left = {}, j.left
       for a = j.src0, j.src0 + j.m - 1 do src[#src + 1] = ARGV[a] end
     end
     if src == nil then
@@ -77,7 +83,7 @@ for k, j in ipairs(jobs) do
         if set[ARGV[a]] == nil then order[#order + 1] = ARGV[a] end
         set[ARGV[a]] = ARGV[a + 1]
       end
-      local f, copied, dropped, done = {}, 0, 0, {}
+      local f, copied, dropped, done = {}, 0, left, {}
       for a = 1, #src - 1, 2 do
         local name = src[a]
         if not ours[name] then

@@ -48,8 +48,26 @@ type deadReq struct {
 	set    []any
 	fields []any
 	read   []string
+	left   int // the fields of the entry left out of read (recordedFields)
 	index  string
 	info   DeadLetter
+}
+
+// recordedFields is the most fields (name/value pairs) of an entry that its
+// dead letter holds (dead.lua's ARGV[7]): stream.MaxFields, the format's
+// own and a margin. The rest are counted (dead_dropped_fields); when the
+// dead letter is made from what the consumer read, they are not sent, so
+// that an entry of many fields (or of one name given many times: those
+// count once toward the limits) never sends more than that back to Redis.
+const recordedFields = 1100
+
+// firstFields returns the first recordedFields fields of pairs and how many
+// it left out.
+func firstFields(pairs []string) ([]string, int) {
+	if n := len(pairs) / 2; n > recordedFields {
+		return pairs[:2*recordedFields], n - recordedFields
+	}
+	return pairs, 0
 }
 
 // deadRequest returns the request that dead-letters entry id (fields as
@@ -59,8 +77,9 @@ type deadReq struct {
 func (c *Consumer) deadRequest(jobCtx context.Context, id string, pairs []string, reason string, cause error, attempts int, job *stream.Job) *retryReq {
 	msg := errText(cause)
 	stored := c.errorText(job, msg) // what dead_error holds
-	d := &deadReq{read: pairs, info: DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream,
+	d := &deadReq{info: DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream,
 		DeadLetterStream: c.r.DeadLetterStream, Reason: reason, Error: stored, Attempts: attempts}}
+	d.read, d.left = firstFields(pairs)
 	set := make(map[string]string)
 	if job != nil && msg != "" {
 		// The record carries the final error, as a retry would (the
@@ -88,7 +107,7 @@ func (c *Consumer) deadRequest(jobCtx context.Context, id string, pairs []string
 		// Over the size limit: recorded cut short, from what the consumer
 		// read; copying it whole would hold several copies of it in Redis.
 		mode = "record:" + strconv.Itoa(de.Size)
-		d.read = cutShort(pairs)
+		d.read = cutShort(d.read)
 		d.fields = appendFields(nil, d.read)
 	}
 	d.args = []any{id, reason, stored, attempts, mode}
@@ -164,7 +183,7 @@ func (c *Consumer) runDeads(batch []*retryReq) {
 func (c *Consumer) deadScriptRun(batch []*retryReq, read bool) ([]any, int64, error) {
 	keys := []string{c.r.Stream, c.r.DeadLetterStream}
 	lo, hi := idRange(batch)
-	args := []any{c.r.Group, c.r.Consumer, c.r.DeadLetterMaxLen, c.r.TrackTTL.Milliseconds(), lo, hi}
+	args := []any{c.r.Group, c.r.Consumer, c.r.DeadLetterMaxLen, c.r.TrackTTL.Milliseconds(), lo, hi, recordedFields}
 	for _, r := range batch {
 		d := r.dead
 		k := 0
@@ -177,7 +196,7 @@ func (c *Consumer) deadScriptRun(batch []*retryReq, read bool) ([]any, int64, er
 			fields = appendFields(nil, d.read)
 		}
 		args = append(args, d.args...)
-		args = append(args, k, len(d.set), len(fields))
+		args = append(args, k, len(d.set), len(fields), d.left)
 		args = append(args, d.set...)
 		args = append(args, fields...)
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -379,6 +380,86 @@ func oversizeOrder(t *testing.T, path string) {
 	}
 	if raws != n {
 		t.Errorf("%s: %d of %d dead letters kept the stream's order and duplicates; want all", path, raws, n)
+	}
+}
+
+// An oversize entry of many fields (here one header name given 3,000
+// times: it counts once toward the field limit) is dead-lettered with its
+// first 1,100 fields as read, the rest counted in dead_dropped_fields: the
+// consumer never sends more than a dead letter holds back to Redis.
+func TestHostile_oversizeManyFields(t *testing.T) {
+	t.Parallel()
+	opt := *redistest.Shared(t).Options()
+	rdb := redis.NewClient(&opt)
+	t.Cleanup(func() { rdb.Close() })
+	sent := &scriptArgs{}
+	rdb.AddHook(sent)
+	q := redistest.Name(t)
+	t.Cleanup(func() { redistest.DeleteKeys(rdb, q+"*") })
+	ctx := context.Background()
+	keys, _ := stream.KeysFor(q)
+	if err := rdb.XGroupCreateMkStream(ctx, q, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	fields := []string{"type", "t", "payload", strings.Repeat("p", 3000), "job_id", "many"}
+	for i := range 3000 {
+		fields = append(fields, "h.x", strconv.Itoa(i))
+	}
+	rawXADD(t, rdb, q, "*", fields...)
+	rawXADD(t, rdb, q, "*", "type", "t", "job_id", "small", "payload", "{}")
+	h := runHostile(t, rdb, q, consumer.Config{MaxEntryBytes: 2000})
+	eventually(t, 30*time.Second, func() (bool, string) {
+		l := rdb.XLen(ctx, keys.Dead).Val()
+		return h.ran("small") == 1 && l == 1, fmt.Sprintf("runs %s, %d dead letters", h.runsText(), l)
+	})
+	if h.ran("many") != 0 {
+		t.Error("the oversize job ran")
+	}
+	res, err := rdb.Do(ctx, "XRANGE", keys.Dead, "-", "+").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var job []string
+	dead := map[string]string{}
+	flat := res[0].([]any)[1].([]any)
+	for i := 0; i+1 < len(flat); i += 2 {
+		name, v := flat[i].(string), flat[i+1].(string)
+		if strings.HasPrefix(name, "dead_") {
+			dead[name] = v
+		} else {
+			job = append(job, name, v)
+		}
+	}
+	want := slices.Clone(fields[:2*1100])
+	want[3] = want[3][:1024]
+	if n := sent.max.Load(); n > 2*1100+100 {
+		t.Errorf("a script call carried %d arguments; want the dead letter's fields at most (1,100)", n)
+	}
+	if !slices.Equal(job, want) || dead["dead_dropped_fields"] != "1903" || dead["dead_reason"] != consumer.ReasonMalformed || dead["dead_truncated"] == "" {
+		t.Errorf("dead letter: %d values (first %q), dead fields %v; want the first 1,100 fields as written (payload cut to 1 KiB), dead_dropped_fields 1903, malformed, dead_truncated set",
+			len(job), job[:min(len(job), 6)], dead)
+	}
+}
+
+// scriptArgs records the most arguments a script call (EVAL, EVALSHA)
+// carried.
+type scriptArgs struct{ max atomic.Int64 }
+
+func (h *scriptArgs) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptArgs) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *scriptArgs) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
+			for n := int64(len(cmd.Args())); ; {
+				m := h.max.Load()
+				if n <= m || h.max.CompareAndSwap(m, n) {
+					break
+				}
+			}
+		}
+		return next(ctx, cmd)
 	}
 }
 
