@@ -316,13 +316,8 @@ func TestHostile_oversizeDeadLetterOrder(t *testing.T) {
 // after the visibility timeout).
 func oversizeOrder(t *testing.T, path string) {
 	rdb := redistest.Shared(t)
-	q := redistest.Name(t)
-	t.Cleanup(func() { redistest.DeleteKeys(rdb, q+"*") })
+	q, keys := hostileQueue(t, rdb)
 	ctx := context.Background()
-	keys, _ := stream.KeysFor(q)
-	if err := rdb.XGroupCreateMkStream(ctx, q, "g", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
 	const n = 8
 	big := strings.Repeat("p", 3000)
 	for i := range n {
@@ -392,15 +387,19 @@ func TestHostile_oversizeManyFields(t *testing.T) {
 	opt := *redistest.Shared(t).Options()
 	rdb := redis.NewClient(&opt)
 	t.Cleanup(func() { rdb.Close() })
-	sent := &scriptArgs{}
-	rdb.AddHook(sent)
-	q := redistest.Name(t)
-	t.Cleanup(func() { redistest.DeleteKeys(rdb, q+"*") })
+	var maxArgs atomic.Int64 // the most arguments of a script call
+	rdb.AddHook(cmdHook(func(cmd redis.Cmder) {
+		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
+			for n := int64(len(cmd.Args())); ; {
+				m := maxArgs.Load()
+				if n <= m || maxArgs.CompareAndSwap(m, n) {
+					break
+				}
+			}
+		}
+	}))
+	q, keys := hostileQueue(t, rdb)
 	ctx := context.Background()
-	keys, _ := stream.KeysFor(q)
-	if err := rdb.XGroupCreateMkStream(ctx, q, "g", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
 	fields := []string{"type", "t", "payload", strings.Repeat("p", 3000), "job_id", "many"}
 	for i := range 3000 {
 		fields = append(fields, "h.x", strconv.Itoa(i))
@@ -432,7 +431,7 @@ func TestHostile_oversizeManyFields(t *testing.T) {
 	}
 	want := slices.Clone(fields[:2*1100])
 	want[3] = want[3][:1024]
-	if n := sent.max.Load(); n > 2*1100+100 {
+	if n := maxArgs.Load(); n > 2*1100+100 {
 		t.Errorf("a script call carried %d arguments; want the dead letter's fields at most (1,100)", n)
 	}
 	if !slices.Equal(job, want) || dead["dead_dropped_fields"] != "1903" || dead["dead_reason"] != consumer.ReasonMalformed || dead["dead_truncated"] == "" {
@@ -441,26 +440,17 @@ func TestHostile_oversizeManyFields(t *testing.T) {
 	}
 }
 
-// scriptArgs records the most arguments a script call (EVAL, EVALSHA)
-// carried.
-type scriptArgs struct{ max atomic.Int64 }
-
-func (h *scriptArgs) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *scriptArgs) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *scriptArgs) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
-			for n := int64(len(cmd.Args())); ; {
-				m := h.max.Load()
-				if n <= m || h.max.CompareAndSwap(m, n) {
-					break
-				}
-			}
-		}
-		return next(ctx, cmd)
+// hostileQueue returns a new queue on rdb with group "g" (runHostile's),
+// deleted when the test ends, and its keys.
+func hostileQueue(t *testing.T, rdb *redis.Client) (string, stream.Keys) {
+	t.Helper()
+	q := redistest.Name(t)
+	t.Cleanup(func() { redistest.DeleteKeys(rdb, q+"*") })
+	keys, _ := stream.KeysFor(q)
+	if err := rdb.XGroupCreateMkStream(context.Background(), q, "g", "0").Err(); err != nil {
+		t.Fatal(err)
 	}
+	return q, keys
 }
 
 func infoInt(t *testing.T, rdb *redis.Client, section, key string) int64 {

@@ -17,19 +17,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// rawReads counts the XREADGROUPs sent raw (a *redis.RawCmd), whose
-// replies the consumer parses itself.
-type rawReads struct{ n atomic.Int64 }
+// cmdHook is a go-redis hook that shows each command a client sends (not
+// those of pipelines) to the function, before sending it.
+type cmdHook func(cmd redis.Cmder)
 
-func (h *rawReads) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *rawReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h cmdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h cmdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (h *rawReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h cmdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if _, raw := cmd.(*redis.RawCmd); raw && strings.EqualFold(cmd.Name(), "xreadgroup") {
-			h.n.Add(1)
-		}
+		h(cmd)
 		return next(ctx, cmd)
 	}
 }
@@ -48,8 +46,12 @@ func TestRawRead_backlogDecodesAsWritten(t *testing.T) {
 			opt.Protocol = proto
 			rdb := redis.NewClient(&opt)
 			t.Cleanup(func() { rdb.Close() })
-			hook := &rawReads{}
-			rdb.AddHook(hook)
+			var raws atomic.Int64 // the XREADGROUPs sent raw, parsed by the consumer
+			rdb.AddHook(cmdHook(func(cmd redis.Cmder) {
+				if _, raw := cmd.(*redis.RawCmd); raw && strings.EqualFold(cmd.Name(), "xreadgroup") {
+					raws.Add(1)
+				}
+			}))
 			ctx := context.Background()
 			q := redistest.Name(t)
 			keys, _ := stream.KeysFor(q)
@@ -99,30 +101,10 @@ func TestRawRead_backlogDecodesAsWritten(t *testing.T) {
 			if len(bad) > 0 {
 				t.Errorf("jobs decoded wrong: %v", bad[:min(len(bad), 3)])
 			}
-			if hook.n.Load() == 0 {
+			if raws.Load() == 0 {
 				t.Errorf("no read of the backlog went raw: the raw read was not exercised")
 			}
 		})
-	}
-}
-
-// blockReads counts the XREADGROUPs with BLOCK, raw and typed.
-type blockReads struct{ raw, typed atomic.Int64 }
-
-func (h *blockReads) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *blockReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *blockReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if strings.EqualFold(cmd.Name(), "xreadgroup") && strings.Contains(strings.ToLower(fmt.Sprint(cmd.Args())), " block ") {
-			if _, raw := cmd.(*redis.RawCmd); raw {
-				h.raw.Add(1)
-			} else {
-				h.typed.Add(1)
-			}
-		}
-		return next(ctx, cmd)
 	}
 }
 
@@ -148,8 +130,16 @@ func TestRawRead_blockingRead(t *testing.T) {
 			opt.ReadTimeout = c.readTimeout
 			rdb := redis.NewClient(&opt)
 			t.Cleanup(func() { rdb.Close() })
-			hook := &blockReads{}
-			rdb.AddHook(hook)
+			var rawBlocks, typedBlocks atomic.Int64 // the XREADGROUPs with BLOCK
+			rdb.AddHook(cmdHook(func(cmd redis.Cmder) {
+				if strings.EqualFold(cmd.Name(), "xreadgroup") && strings.Contains(strings.ToLower(fmt.Sprint(cmd.Args())), " block ") {
+					if _, raw := cmd.(*redis.RawCmd); raw {
+						rawBlocks.Add(1)
+					} else {
+						typedBlocks.Add(1)
+					}
+				}
+			}))
 			q := redistest.Name(t)
 			t.Cleanup(func() { redistest.DeleteKeys(rdb, q+"*") })
 			ran := make(chan string, 10)
@@ -168,7 +158,7 @@ func TestRawRead_blockingRead(t *testing.T) {
 			})
 			// Idle: at least three blocking reads came back empty.
 			eventually(t, 60*time.Second, func() (bool, string) {
-				n := hook.raw.Load() + hook.typed.Load()
+				n := rawBlocks.Load() + typedBlocks.Load()
 				return n >= 4, fmt.Sprintf("%d blocking reads", n)
 			})
 			rawXADD(t, rdb, q, "*", "type", "t", "job_id", "late", "payload", "{}", "type", "t")
@@ -180,7 +170,7 @@ func TestRawRead_blockingRead(t *testing.T) {
 			case <-time.After(60 * time.Second):
 				t.Fatal("the job added while the consumer was idle did not run within 60 s")
 			}
-			raw, typed := hook.raw.Load(), hook.typed.Load()
+			raw, typed := rawBlocks.Load(), typedBlocks.Load()
 			if c.raw && (raw == 0 || typed != 0) || !c.raw && (typed == 0 || raw != 0) {
 				t.Errorf("ReadTimeout %v: %d raw and %d typed blocking reads; want them all raw: %v", c.readTimeout, raw, typed, c.raw)
 			}
