@@ -38,7 +38,8 @@
 -- A dead-letter entry holds the original entry's raw fields, copied here on
 -- the server from the stream (duplicates and binary values intact, the payload
 -- never travels through the client again), at most ARGV[7] of them (1100: stream.MaxFields,
--- the format's own and a margin; the rest are counted in dead_dropped_fields), followed by dead_reason, dead_error, dead_at
+-- the format's own and a margin; beyond that one value per name, the last,
+-- and the fields not copied are counted in dead_dropped_fields), followed by dead_reason, dead_error, dead_at
 -- (Unix ms, Redis clock), dead_attempts, dead_consumer, dead_entry_id and
 -- dead_stream. Every check (ownership with one ranged XPENDING, the copies,
 -- the ACL) comes before the first write, which is the XACK of every job it
@@ -83,24 +84,44 @@ for k, j in ipairs(jobs) do
         if set[ARGV[a]] == nil then order[#order + 1] = ARGV[a] end
         set[ARGV[a]] = ARGV[a + 1]
       end
-      local f, copied, dropped, done = {}, 0, left, {}
+      -- The fields to copy: the entry's (but ours), or, when there are more
+      -- than maxFields, one value per name (the last, the one the decoder
+      -- reads), the names in the order they first come, so that a valid
+      -- job with many duplicates keeps what it decodes to.
+      local fields, n = src, 0
       for a = 1, #src - 1, 2 do
-        local name = src[a]
-        if not ours[name] then
-          if copied < maxFields then
-            copied = copied + 1
-            f[#f + 1] = name
-            if set[name] ~= nil then
-              f[#f + 1] = set[name]
-              done[name] = true
-            else
-              f[#f + 1] = src[a + 1]
-            end
+        if not ours[src[a]] then n = n + 1 end
+      end
+      if n > maxFields then
+        local names, last = {}, {}
+        for a = 1, #src - 1, 2 do
+          local name = src[a]
+          if not ours[name] then
+            if last[name] == nil then names[#names + 1] = name end
+            last[name] = src[a + 1]
+          end
+        end
+        fields = {}
+        for _, name in ipairs(names) do
+          fields[#fields + 1] = name
+          fields[#fields + 1] = last[name]
+        end
+      end
+      local f, copied, done = {}, 0, {}
+      for a = 1, #fields - 1, 2 do
+        local name = fields[a]
+        if not ours[name] and copied < maxFields then
+          copied = copied + 1
+          f[#f + 1] = name
+          if set[name] ~= nil then
+            f[#f + 1] = set[name]
+            done[name] = true
           else
-            dropped = dropped + 1
+            f[#f + 1] = fields[a + 1]
           end
         end
       end
+      local dropped = left + n - copied
       for _, name in ipairs(order) do
         if not done[name] and not ours[name] then
           f[#f + 1] = name

@@ -55,19 +55,33 @@ type deadReq struct {
 
 // recordedFields is the most fields (name/value pairs) of an entry that its
 // dead letter holds (dead.lua's ARGV[7]): stream.MaxFields, the format's
-// own and a margin. The rest are counted (dead_dropped_fields); when the
-// dead letter is made from what the consumer read, they are not sent, so
+// own and a margin. An entry with more keeps one value per name (the last,
+// the one the decoder reads), the names in the order they first come, and
+// at most that many of those; the fields left out are counted
+// (dead_dropped_fields). When the dead letter is made from what the
+// consumer read, the consumer applies that rule itself (firstFields), so
 // that an entry of many fields (or of one name given many times: those
-// count once toward the limits) never sends more than that back to Redis.
+// count once toward the limits) never sends more back to Redis.
 const recordedFields = 1100
 
-// firstFields returns the first recordedFields fields of pairs and how many
-// it left out.
+// firstFields returns what a dead letter holds of pairs (see
+// recordedFields) and how many fields it leaves out.
 func firstFields(pairs []string) ([]string, int) {
-	if n := len(pairs) / 2; n > recordedFields {
-		return pairs[:2*recordedFields], n - recordedFields
+	n := len(pairs) / 2
+	if n <= recordedFields {
+		return pairs, 0
 	}
-	return pairs, 0
+	at := make(map[string]int, recordedFields) // name: index of its value in out
+	out := make([]string, 0, 2*recordedFields)
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if j, ok := at[pairs[i]]; ok {
+			out[j] = pairs[i+1]
+		} else if len(out) < 2*recordedFields {
+			at[pairs[i]] = len(out) + 1
+			out = append(out, pairs[i], pairs[i+1])
+		}
+	}
+	return out, n - len(out)/2
 }
 
 // deadRequest returns the request that dead-letters entry id (fields as

@@ -37,9 +37,9 @@ const (
 	FieldDeadEntryID  = "dead_entry_id"
 	FieldDeadStream   = "dead_stream"
 	// FieldReplayedFrom is the dead-letter entry ID a replayed job came from.
-	FieldReplayedFrom = "replayed_from"
+	FieldReplayedFrom = stream.FieldReplayedFrom
 	// FieldReplayCount counts how many times the job was replayed.
-	FieldReplayCount = "replay_count"
+	FieldReplayCount = stream.FieldReplayCount
 )
 
 // Errors returned by this package; check them with errors.Is.

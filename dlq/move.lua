@@ -49,7 +49,9 @@ if #e == 0 then
 end
 local src = e[1][2]
 local f = {}
-local has_id, has_created, count, origin, job_id, track = false, false, 0, ARGV[2], nil, false
+-- Of a name given twice the last value counts, as for the consumer's
+-- decoder (docs/wire-format.md): job_id, created_at and track are read so.
+local count, origin, job_id, created, track = 0, ARGV[2], nil, nil, nil
 for i = 1, #src - 1, 2 do
   local name, v = src[i], src[i + 1]
   if name == 'dead_entry_id' and string.match(v, '^%d+%-%d+$') then origin = v end
@@ -58,13 +60,15 @@ for i = 1, #src - 1, 2 do
     if count ~= count or count < 0 or count > 1e15 then count = 0 end -- NaN, negative or absurd: start over
     count = math.floor(count)
   elseif string.sub(name, 1, 5) ~= 'dead_' and name ~= 'attempt' and name ~= 'replayed_from' then
-    if name == 'job_id' and v ~= '' then has_id, job_id = true, v end
-    if name == 'created_at' and v ~= '0' then has_created = true end
-    if name == 'track' and v == '1' then track = true end
+    if name == 'job_id' then job_id = v end
+    if name == 'created_at' then created = v end
+    if name == 'track' then track = v end
     f[#f + 1] = name
     f[#f + 1] = v
   end
 end
+local has_id, has_created = job_id ~= nil and job_id ~= '', created ~= nil and created ~= '0'
+track = track == '1'
 if #f > 2200 or ARGV[5] == '1' then
   redis.call('HSET', KEYS[4], 'last', ARGV[2])
   redis.call('PEXPIRE', KEYS[4], ARGV[3])

@@ -11,9 +11,9 @@ import (
 )
 
 // MaxFields is the most fields (name/value pairs) an entry may have besides
-// the wire format's own (v, type, payload, job_id, ... first_failed_at):
-// headers and unknown fields together. [DecodeLimit] rejects an entry with
-// more. It bounds what a settlement script copies (Lua cannot pass an
+// the wire format's own (v, type, payload, job_id, ... first_failed_at) and
+// those a replay adds ([FieldReplayedFrom], [FieldReplayCount]): headers and
+// unknown fields together. [DecodeLimit] rejects an entry with more. It bounds what a settlement script copies (Lua cannot pass an
 // unbounded list of values to one command), and since the wire format's
 // own fields do not count, a job at the limit can still be retried.
 const MaxFields = 1000
@@ -187,6 +187,18 @@ func DecodeFields(id string, fields []string, maxBytes int) (*Job, error) {
 	return decode(id, fields, len(fields)/2, maxBytes, nil)
 }
 
+// counted returns the fields of j that count toward MaxFields: its headers
+// and unknown fields, but those a replay adds.
+func (j *Job) counted() int {
+	n := len(j.Headers) + len(j.Extra)
+	for _, name := range [...]string{FieldReplayedFrom, FieldReplayCount} {
+		if _, ok := j.Extra[name]; ok {
+			n--
+		}
+	}
+	return n
+}
+
 // has reports whether j holds name (not a field of the format's own) as a
 // header or an unknown field.
 func (j *Job) has(name string) bool {
@@ -347,7 +359,7 @@ func decode(id string, pairs []string, n int, maxBytes int, bad *DecodeError) (*
 		err := &DecodeError{EntryID: id, Field: biggest, Reason: fmt.Sprintf("entry is %d bytes, over the limit of %d", size, maxBytes), Size: size}
 		return nil, err
 	}
-	if n := len(j.Headers) + len(j.Extra); n > MaxFields {
+	if n := j.counted(); n > MaxFields {
 		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has %d fields, over the limit of %d besides the format's own", n, MaxFields), Fields: n}
 	}
 	if bad != nil {

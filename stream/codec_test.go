@@ -602,4 +602,14 @@ func TestDecodeFields(t *testing.T) {
 	if !errors.As(err, &de) || de.Fields != stream.MaxFields+1 {
 		t.Fatalf("DecodeFields(%d headers, each given twice) error %v; want a DecodeError of %d fields", stream.MaxFields+1, err, stream.MaxFields+1)
 	}
+	// The fields a replay adds do not count: a job at the limit can be
+	// replayed; they stay in Extra.
+	replayed := append(many(stream.MaxFields, 1), stream.FieldReplayedFrom, "1-1", stream.FieldReplayCount, "1")
+	if job, err := stream.DecodeFields(entryID, replayed, 0); err != nil || job.Extra[stream.FieldReplayCount] != "1" {
+		t.Fatalf("DecodeFields(%d headers, replayed) = %v; want a job with replay_count 1 in Extra", stream.MaxFields, err)
+	}
+	_, err = stream.DecodeFields(entryID, append(replayed, "other", "x"), 0)
+	if !errors.As(err, &de) || de.Fields != stream.MaxFields+1 {
+		t.Fatalf("DecodeFields(%d headers, replayed, one unknown field) error %v; want a DecodeError of %d fields", stream.MaxFields, err, stream.MaxFields+1)
+	}
 }

@@ -31,6 +31,17 @@ const (
 	HeaderPrefix = "h."
 )
 
+// Fields a dead-letter replay (package dlq) adds to a replayed job. They are
+// not the format's own (a Job holds them in Extra, and retries carry them
+// over), but they do not count toward [MaxFields]: a job at the limit can
+// be replayed.
+const (
+	// FieldReplayedFrom is the dead-letter entry ID a replayed job came from.
+	FieldReplayedFrom = "replayed_from"
+	// FieldReplayCount counts how many times the job was replayed.
+	FieldReplayCount = "replay_count"
+)
+
 // Content types understood by [Job.Decode] and [NewJob].
 const (
 	ContentTypeJSON    = "application/json"
