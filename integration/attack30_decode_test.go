@@ -646,6 +646,19 @@ func (s *a30Scenario) start(cfg consumer.Config) *consumer.Consumer {
 	return c
 }
 
+// settled waits until entry id (label) ran, or was read and nothing is
+// pending any more.
+func (s *a30Scenario) settled(id, label string) {
+	s.t.Helper()
+	a30Until(s.t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
+		if s.ran(id) > 0 {
+			return true, ""
+		}
+		n, _ := s.rdb.XPending(context.Background(), s.q, "g").Result()
+		return n != nil && n.Count == 0 && len(s.reads.of(id)) > 0, fmt.Sprintf("%s not settled", label)
+	})
+}
+
 // handler records every run: by entry ID for s.q, by job ID for any other
 // stream.
 func (s *a30Scenario) handler() consumer.Handler {
@@ -1005,13 +1018,7 @@ func a30Run(t *testing.T, path string, proto int, es []a30Entry, verdicts *a30Ve
 		for _, e := range es {
 			id := rawXADD(t, s.rdb, s.q, "*", e.fields...)
 			ids[e.label] = id
-			a30Until(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
-				if s.ran(id) > 0 {
-					return true, ""
-				}
-				n, _ := s.rdb.XPending(ctx, s.q, "g").Result()
-				return n != nil && n.Count == 0 && len(s.reads.of(id)) > 0, fmt.Sprintf("%s not settled", e.label)
-			})
+			s.settled(id, e.label)
 		}
 	case "pool-shared":
 		// An idle pool of two queues: each entry is added with a job of
@@ -1028,13 +1035,7 @@ func a30Run(t *testing.T, path string, proto int, es []a30Entry, verdicts *a30Ve
 			}
 			id := xadd.Val().(string)
 			ids[e.label] = id
-			a30Until(t, 60*time.Second, 20*time.Millisecond, func() (bool, string) {
-				if s.ran(id) > 0 {
-					return true, ""
-				}
-				n, _ := s.rdb.XPending(ctx, s.q, "g").Result()
-				return n != nil && n.Count == 0 && len(s.reads.of(id)) > 0, fmt.Sprintf("%s not settled", e.label)
-			})
+			s.settled(id, e.label)
 		}
 	case "pool-backlog":
 		// Both queues backlogged, read a job or two at a time: the pool
