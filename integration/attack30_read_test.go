@@ -408,19 +408,17 @@ type r30Outage struct {
 // recovery).
 func TestAttack30Read_outage(t *testing.T) {
 	t.Parallel()
+	// One case per fault and kind of ReadTimeout (its author ran 12; the
+	// rest were cut to keep the suite's time: each costs about 20 s).
 	for _, c := range []r30Outage{
 		{name: "stop/rt2s/resp2/idle", fault: "stop", rt: 2 * time.Second, proto: 2, idle: true, raw: true},
-		{name: "stop/rt2s/resp3/live", fault: "stop", rt: 2 * time.Second, proto: 3, raw: true},
-		{name: "stop/rt-1/resp3/idle", fault: "stop", rt: -1, proto: 3, idle: true, raw: true},
 		{name: "stop/rt-2/resp2/live", fault: "stop", rt: -2, proto: 2, raw: true},
 		{name: "stop/rt1.5s-typed/resp2/live", fault: "stop", rt: 1500 * time.Millisecond, proto: 2},
 		{name: "kill/rt2s/resp3/idle", fault: "kill", rt: 2 * time.Second, proto: 3, idle: true, raw: true},
 		{name: "kill/rt-1/resp2/live", fault: "kill", rt: -1, proto: 2, raw: true},
-		{name: "blackhole/rt2s/resp2/live", fault: "blackhole", rt: 2 * time.Second, proto: 2, raw: true},
 		{name: "blackhole/rt2s/resp3/idle", fault: "blackhole", rt: 2 * time.Second, proto: 3, idle: true, raw: true},
 		{name: "blackhole/rt-1/resp3/live", fault: "blackhole", rt: -1, proto: 3, raw: true},
 		{name: "delay/rt2s/resp3/live", fault: "delay", rt: 2 * time.Second, proto: 3, raw: true},
-		{name: "delay/rt2s/resp2/idle", fault: "delay", rt: 2 * time.Second, proto: 2, idle: true, raw: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -693,7 +691,6 @@ func TestAttack30Read_margin(t *testing.T) {
 	t.Parallel()
 	for _, c := range []r30Margin{
 		{name: "rt2s-block1s/resp2", rt: 2 * time.Second, block: time.Second, proto: 2, raw: true},
-		{name: "rt2s-block1s/resp3", rt: 2 * time.Second, block: time.Second, proto: 3, raw: true},
 		{name: "rt1.9s-block1s/resp3", rt: 1900 * time.Millisecond, block: time.Second, proto: 3, raw: false},
 		{name: "rt1.999s-block1s/resp2", rt: 1999 * time.Millisecond, block: time.Second, proto: 2, raw: false},
 		{name: "rt-1-block1s/resp2", rt: -1, block: time.Second, proto: 2, raw: true},
@@ -701,8 +698,6 @@ func TestAttack30Read_margin(t *testing.T) {
 		{name: "defaults/resp3", proto: 3, raw: true},
 		{name: "rtdefault5s-block4.5s/resp2", block: 4500 * time.Millisecond, proto: 2, raw: false},
 		{name: "rt5.5s-block4.5s/resp3", rt: 5500 * time.Millisecond, block: 4500 * time.Millisecond, proto: 3, raw: true},
-		{name: "rt-1-block4.5s/resp3", rt: -1, block: 4500 * time.Millisecond, proto: 3, raw: true},
-		{name: "rt-2-block4.5s/resp2", rt: -2, block: 4500 * time.Millisecond, proto: 2, raw: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
