@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pelicanqueue/pelican/stream"
 )
 
 var (
@@ -44,14 +46,7 @@ type Entry struct {
 
 // Field returns the value of the entry's field name (the last one, for a
 // name given twice), or "" when it has none.
-func (e Entry) Field(name string) string {
-	for i := len(e.Fields)&^1 - 2; i >= 0; i -= 2 {
-		if e.Fields[i] == name {
-			return e.Fields[i+1]
-		}
-	}
-	return ""
-}
+func (e Entry) Field(name string) string { return stream.Field(e.Fields, name) }
 
 // Claimer acts for one consumer of one group on one stream. It is safe for
 // concurrent use, except that Sweep must not run concurrently with itself.

@@ -165,10 +165,10 @@ func (c *Consumer) readCancelling(ctx context.Context, ds []delivery, found func
 
 // trackedID returns the job ID of d's job if it is tracked, else "".
 func trackedID(d delivery) string {
-	if field(d.fields, stream.FieldTrack) != "1" {
+	if stream.Field(d.fields, stream.FieldTrack) != "1" {
 		return ""
 	}
-	id := field(d.fields, stream.FieldJobID)
+	id := stream.Field(d.fields, stream.FieldJobID)
 	return id
 }
 

@@ -222,7 +222,7 @@ func (p *pauses) wait(typ string, whole bool, done <-chan struct{}) holdResult {
 }
 
 // entryType returns the job type of an entry's raw fields ("" if none).
-func entryType(fields []string) string { return field(fields, stream.FieldType) }
+func entryType(fields []string) string { return stream.Field(fields, stream.FieldType) }
 
 // holdWhilePaused holds t, which holds a worker slot and has not started,
 // while its queue or type is paused. It returns false, having given t back

@@ -68,18 +68,6 @@ func pairsOf(fields map[string]any) []string {
 	return out
 }
 
-// field returns the value of field name among fields (names and values,
-// as in an entry), the last one if it is there twice, as decoding does;
-// "" when absent.
-func field(fields []string, name string) string {
-	for i := len(fields)&^1 - 2; i >= 0; i -= 2 {
-		if fields[i] == name {
-			return fields[i+1]
-		}
-	}
-	return ""
-}
-
 // hasField reports whether fields (names and values, as in an entry) has
 // the name.
 func hasField(fields []string, name string) bool {

@@ -201,7 +201,7 @@ func (c *Consumer) runSuspect(r suspectRun, mode string) bool {
 		return true
 	}
 	keys := []string{c.r.Stream, key}
-	if id := field(r.d.fields, stream.FieldJobID); id != "" && field(r.d.fields, stream.FieldTrack) == "1" {
+	if id := stream.Field(r.d.fields, stream.FieldJobID); id != "" && stream.Field(r.d.fields, stream.FieldTrack) == "1" {
 		keys = append(keys, stream.JobKey(c.r.keys, id))
 	}
 	ctx, cancel := c.settleContext()
@@ -265,7 +265,7 @@ func (c *Consumer) runSuspect(r suspectRun, mode string) bool {
 // job ID (kept by retries and snoozes, which write new entries; the entry
 // ID when the job has none), hashed when a producer chose a long one.
 func (c *Consumer) crashKey(d delivery) string {
-	id := field(d.fields, stream.FieldJobID)
+	id := stream.Field(d.fields, stream.FieldJobID)
 	if id == "" {
 		id = d.id
 	}

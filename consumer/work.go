@@ -129,7 +129,7 @@ func (c *Consumer) dispatch(d delivery, fresh bool, now time.Time) {
 // that the slots taken for the reads of owned entries (intake.go) only size
 // those reads.
 func (c *Consumer) isSuspect(d delivery, fresh bool) bool {
-	return d.deliveries > 1 || field(d.fields, stream.FieldSuspect) == "1" || (!fresh && c.share != nil)
+	return d.deliveries > 1 || stream.Field(d.fields, stream.FieldSuspect) == "1" || (!fresh && c.share != nil)
 }
 
 // runWorker is one of the consumer's Concurrency workers: it runs fresh

@@ -174,6 +174,18 @@ func DecodeLimit(id string, fields map[string]any, maxBytes int) (*Job, error) {
 	return decode(id, pairs, len(fields), maxBytes, bad)
 }
 
+// Field returns the value of name among an entry's fields as Redis sends
+// them (name, value, name, value ...): of a name given twice the last
+// value, the one [DecodeFields] decodes; "" when the name is not there.
+func Field(fields []string, name string) string {
+	for i := len(fields)&^1 - 2; i >= 0; i -= 2 {
+		if fields[i] == name {
+			return fields[i+1]
+		}
+	}
+	return ""
+}
+
 // DecodeFields is [DecodeLimit] for an entry's fields as Redis sends them:
 // names and values in order (name, value, name, value ...), with no map to
 // build. Of a name given twice only the last value counts: it is the one

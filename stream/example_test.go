@@ -140,3 +140,11 @@ func ExampleDecode() {
 	// stream: entry 1700000000000-0: field "attempt": not a non-negative decimal integer (got "first")
 	// dead-letter field: attempt
 }
+
+// Field reads one value of an entry's fields as Redis sends them; of a
+// name given twice, the last value counts, as in decoding.
+func ExampleField() {
+	fields := []string{"type", "email", "payload", "{}", "type", "sms"}
+	fmt.Println(stream.Field(fields, "type"), stream.Field(fields, "payload"), stream.Field(fields, "job_id") == "")
+	// Output: sms {} true
+}
