@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pelicanqueue/pelican/consumer"
+	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -438,16 +439,29 @@ func TestCrash_poisonLoop(t *testing.T) {
 // pending jobs at once (XREADGROUP from 0), not after the visibility timeout.
 func TestCrash_restartSameName(t *testing.T) {
 	t.Parallel()
+	redistest.Widen(t, "sleep", 2*time.Second, crashRestartSameName)
+}
+
+// crashRestartSameName runs TestCrash_restartSameName with jobs that sleep
+// for sleep. The worker must be killed while every job runs: a job that
+// ended first (seen beside busy loops, with the worker stalled 5.8 s)
+// leaves nothing to re-run, and the run asks for longer jobs instead.
+func crashRestartSameName(t *testing.T, sleep time.Duration) time.Duration {
 	s := crashScenario(t)
 	const n = 10
 	o := workerOpts{Visibility: 20 * time.Second, Concurrency: n}
-	ids := s.enqueue(n, behaviour{SleepMS: 2000})
+	ids := s.enqueue(n, behaviour{SleepMS: int(sleep.Milliseconds())})
 	a := s.worker("a", o)
-	eventually(t, 10*time.Second, func() (bool, string) {
-		starts := len(readLedger(t, s.ledger))
-		return starts == n, fmt.Sprintf("%d of %d jobs started", starts, n)
+	eventually(t, 30*time.Second, func() (bool, string) {
+		led := readLedger(t, s.ledger)
+		starts, effects := len(countEvents(led, "start")), len(countEvents(led, "effect"))
+		return starts == n || effects > 0, fmt.Sprintf("%d of %d jobs started", starts, n)
 	})
 	a.kill()
+	if effects := countEvents(readLedger(t, s.ledger), "effect"); len(effects) > 0 {
+		t.Logf("%d of %d jobs of %v ended before the worker was killed: nothing to re-run; longer jobs next", len(effects), n, sleep)
+		return 2 * sleep
+	}
 	// A reclaim after the visibility timeout could come no earlier than a
 	// visibility timeout after an entry's last heartbeat (now - its idle).
 	asked := time.Now()
@@ -484,6 +498,7 @@ func TestCrash_restartSameName(t *testing.T) {
 	if d := s.dead(); len(d) != 0 {
 		t.Errorf("dead-letter stream has %d entries, want 0: %v", len(d), d)
 	}
+	return 0
 }
 
 // crashScenario returns a scenario on the shared Redis whose group "g"
