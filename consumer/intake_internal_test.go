@@ -80,12 +80,15 @@ func TestConsumer_takeRoomWakesWhenQueueEmpties(t *testing.T) {
 	c := &Consumer{r: r, ready: make(chan *task, 6)}
 	c.room.kick = make(chan struct{}, 1)
 	c.ready <- &task{} // a job queued: the read loop waits for 3 places (half of 6)
+	// One place free before the read loop looks: it takes it and waits
+	// for two more. (Freed after it looked, the place would sit free under
+	// a wait for three: no worker frees one while the job is queued.)
+	c.freeRoom(1)
 	got := make(chan int, 1)
 	go func() {
 		n, _ := c.takeRoom(context.Background(), time.Now().Add(time.Hour))
 		got <- n
 	}()
-	c.freeRoom(1)
 	poll.Until(t, 30*time.Second, poll.True("the read loop holds one place and waits for two more", func() bool {
 		return c.room.want.Load() == 2 && c.room.free.Load() == 0
 	}))

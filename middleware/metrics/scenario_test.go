@@ -112,7 +112,9 @@ func TestMetrics_Scenario(t *testing.T) {
 		Backoff: consumer.Backoff{Base: 10 * time.Millisecond, Cap: 20 * time.Millisecond}}).
 		Use(m.Middleware(),
 			middleware.Lock(rdb, middleware.LockConfig{
-				ConflictDelay: time.Second, TTL: 300 * time.Millisecond, OnConflict: m.LockConflict}),
+				// A TTL long enough that a stalled watchdog (beside busy loops)
+				// cannot let the holder's lock expire before the conflict.
+				ConflictDelay: time.Second, TTL: 3 * time.Second, OnConflict: m.LockConflict}),
 			middleware.Idempotency(idem.NewRedisStore(rdb, idem.RedisConfig{}),
 				middleware.IdempotencyConfig{OnHit: m.IdempotencyHit, Logger: quiet}),
 			middleware.Retry(middleware.RetryConfig{}),
