@@ -63,8 +63,11 @@ func TestMain(m *testing.M) {
 // restarted), so GOMAXPROCS, go test's default, leaves the machine idle:
 // on the 2-core development machine the package took 504 s at the default
 // and 324 s at 4 (session 16); with the attacks added since, 443 s at 4 and
-// 338 s at 6, using about one core either way (session 31, quiet).
-const parallelTests = 6
+// 338 s at 6 (session 31, quiet). At 6, two runs of the whole suite beside
+// busy loops each failed tests in other packages on a broken timing
+// precondition (the integration package's load beside theirs), where runs
+// at 4 had passed: 4 it stays.
+const parallelTests = 4
 
 // widenParallel sets -test.parallel to parallelTests when the command line
 // did not set it.
