@@ -312,9 +312,17 @@ func TestPool_sharedReadIdle(t *testing.T) {
 	reads, unblocks := calls("xreadgroup"), calls("client|unblock")
 	t.Logf("%d idle queues, Block %v, %v: %d XREADGROUP, %d CLIENT UNBLOCK", queues, block, elapsed, reads, unblocks)
 	// Unshared, each queue reads once per Block (46 reads measured);
-	// shared, about one read per Block for all.
-	if alone := queues * int(elapsed/block); reads >= alone/2 {
-		t.Errorf("%d reads in %v: about one per queue per Block (%d), want them shared", reads, elapsed, alone)
+	// shared, about one read per Block for all, plus one after each
+	// interrupt: a queue due for its sweep ends the shared read (6 to 9
+	// interrupts and 13 to 20 reads measured quiet, 11 and 25 beside busy
+	// loops), so the reads the Block timed are the reads less the
+	// interrupts.
+	alone := queues * int(elapsed/block)
+	if timed := reads - unblocks; timed >= alone/2 {
+		t.Errorf("%d reads (%d after an interrupt) in %v: about one per queue per Block (%d), want them shared", reads, unblocks, elapsed, alone)
+	}
+	if unblocks >= alone/2 {
+		t.Errorf("%d interrupts in %v: about one per queue per Block (%d), want them rare", unblocks, elapsed, alone)
 	}
 }
 
