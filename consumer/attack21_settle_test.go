@@ -335,11 +335,25 @@ func a21StaleMixed(t *testing.T, cutoff bool) {
 	// settles them: every job ends settled exactly once.
 	thief := consumer.New(rdb, cfg("thief")).Handle(handler("thief"))
 	stopT := a21Start(t, thief)
+	// Entries per job over all runs: ack and dead 1, retry and snooze 2.
+	entries := func() map[string]map[string]bool {
+		out := map[string]map[string]bool{}
+		for _, r := range book.snapshot() {
+			if out[r.JobID] == nil {
+				out[r.JobID] = map[string]bool{}
+			}
+			out[r.JobID][r.EntryID] = true
+		}
+		return out
+	}
+	// Settled: nothing pending, delayed, or added and not yet read (a
+	// retry's new entry, before its run, leaves nothing pending).
 	poll.Until(t, 30*time.Second, func() (bool, string) {
 		p := a21Pending(t, rdb, s, "g")
 		z, _ := rdb.ZCard(context.Background(), keys.Delayed).Result()
 		d, _ := rdb.XLen(context.Background(), keys.Dead).Result()
-		return len(p) == 0 && z == 0 && d == 2, fmt.Sprintf("pending %d delayed %d dead %d", len(p), z, d)
+		lag := a21Lag(t, rdb, s, "g")
+		return len(p) == 0 && z == 0 && d == 2 && lag == 0, fmt.Sprintf("pending %d delayed %d dead %d lag %d", len(p), z, d, lag)
 	})
 	stopT()
 	stopA()
@@ -348,23 +362,31 @@ func a21StaleMixed(t *testing.T, cutoff bool) {
 	if len(ids) != 2 || !(ids[jobs[3].ID] == 1 && ids[jobs[7].ID] == 1) {
 		t.Errorf("dead letters %v, want one each of %s and %s", ids, jobs[3].ID, jobs[7].ID)
 	}
-	// Entries per job over all runs: ack and dead 1, retry and snooze 2.
-	entries := map[string]map[string]bool{}
-	for _, r := range book.snapshot() {
-		if entries[r.JobID] == nil {
-			entries[r.JobID] = map[string]bool{}
-		}
-		entries[r.JobID][r.EntryID] = true
-	}
 	for _, j := range jobs {
 		want := 1
 		if j.Type == "retry" || j.Type == "snooze" {
 			want = 2
 		}
-		if len(entries[j.ID]) != want {
-			t.Errorf("%s job %s (stolen %v) ran from %d entries, want %d", j.Type, j.ID, stolen[j.ID], len(entries[j.ID]), want)
+		if n := len(entries()[j.ID]); n != want {
+			t.Errorf("%s job %s (stolen %v) ran from %d entries, want %d", j.Type, j.ID, stolen[j.ID], n, want)
 		}
 	}
+}
+
+// a21Lag returns group's lag on stream s: entries added and not yet read.
+func a21Lag(t *testing.T, rdb *redis.Client, s, group string) int64 {
+	t.Helper()
+	groups, err := rdb.XInfoGroups(context.Background(), s).Result()
+	if err != nil {
+		t.Fatalf("XINFO GROUPS: %v", err)
+	}
+	for _, g := range groups {
+		if g.Name == group {
+			return g.Lag
+		}
+	}
+	t.Fatalf("no group %s on %s", group, s)
+	return 0
 }
 
 func a21JobIDs(msgs []redis.XMessage) map[string]int {
