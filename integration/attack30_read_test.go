@@ -1419,6 +1419,20 @@ func r30Names(fields []string) []string {
 // ---------------------------------------------------------------------------
 // Lost replies, vanished groups, shared reads.
 
+// r30ReadCases are the clients lostReply and pool run against: raw blocking
+// reads (ReadTimeout default and none) on RESP2 and RESP3, and typed ones
+// (ReadTimeout 1.5 s).
+var r30ReadCases = []struct {
+	name  string
+	rt    time.Duration
+	proto int
+}{
+	{"raw/resp2", 0, 2},
+	{"raw/resp3", 0, 3},
+	{"rt-1/resp3", -1, 3},
+	{"typed/resp2", 1500 * time.Millisecond, 2},
+}
+
 // The reply to a blocking read that delivered entries is lost (the proxy
 // drops it and closes the connection: "command applied, reply lost"): the
 // entries are pending under the consumer without having reached it, so they
@@ -1427,16 +1441,7 @@ func r30Names(fields []string) []string {
 // reading; none runs twice, none is lost.
 func TestAttack30Read_lostReply(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		name  string
-		rt    time.Duration
-		proto int
-	}{
-		{"raw/resp2", 0, 2},
-		{"raw/resp3", 0, 3},
-		{"rt-1/resp3", -1, 3},
-		{"typed/resp2", 1500 * time.Millisecond, 2},
-	} {
+	for _, c := range r30ReadCases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			for attempt := 1; ; attempt++ {
@@ -1634,16 +1639,7 @@ func TestAttack30Read_groupGone(t *testing.T) {
 // other queue no read error and its own queue no job.
 func TestAttack30Read_pool(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		name  string
-		rt    time.Duration
-		proto int
-	}{
-		{"raw/resp2", 0, 2},
-		{"raw/resp3", 0, 3},
-		{"rt-1/resp3", -1, 3},
-		{"typed/resp2", 1500 * time.Millisecond, 2},
-	} {
+	for _, c := range r30ReadCases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			crdb := r30Client(t, redistest.Addr(), c.proto, c.rt, func(o *redis.Options) { o.PoolSize = 10 })
