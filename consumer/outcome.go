@@ -358,17 +358,9 @@ func Decide(ctx context.Context, job *stream.Job, err error) Decision {
 	return d
 }
 
-// failed decides about err, a failure of job's attempt. Its targets for
-// errors.As live here, off the path of a job that succeeded: each one is
-// an allocation.
+// failed decides about err, a failure of job's attempt.
 func (d *Decision) failed(job *stream.Job, err error, pol *policy) {
-	var (
-		o  *Outcome
-		p  *PanicError
-		ce *ClassifiedError
-	)
-	switch {
-	case errors.As(err, &o):
+	if o, ok := errors.AsType[*Outcome](err); ok {
 		d.Err = o.err
 		switch o.kind {
 		case kindDead:
@@ -378,13 +370,17 @@ func (d *Decision) failed(job *stream.Job, err error, pol *policy) {
 		default:
 			d.retry(job, o.delay, pol)
 		}
-	case errors.As(err, &p):
+		return
+	}
+	if _, ok := errors.AsType[*PanicError](err); ok {
 		if pol.panic == PanicRetry {
 			d.retry(job, useBackoff, pol)
 		} else {
 			d.Kind, d.Reason = KindDead, ReasonPanic
 		}
-	case errors.As(err, &ce):
+		return
+	}
+	if ce, ok := errors.AsType[*ClassifiedError](err); ok {
 		switch {
 		case ce.Permanent:
 			d.Kind, d.Reason = KindDead, ReasonPermanent
@@ -393,11 +389,13 @@ func (d *Decision) failed(job *stream.Job, err error, pol *policy) {
 		default:
 			d.retry(job, useBackoff, pol)
 		}
-	case errors.Is(err, stream.ErrPayload):
-		d.Kind, d.Reason = KindDead, ReasonPermanent
-	default:
-		d.retry(job, useBackoff, pol)
+		return
 	}
+	if errors.Is(err, stream.ErrPayload) {
+		d.Kind, d.Reason = KindDead, ReasonPermanent
+		return
+	}
+	d.retry(job, useBackoff, pol)
 }
 
 // useBackoff asks Decision.retry for the policy's backoff delay.

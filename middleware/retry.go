@@ -137,11 +137,10 @@ func (p *retryPolicy) classifyOutcome(ctx context.Context, job *stream.Job, err 
 	if err == nil {
 		return nil
 	}
-	var (
-		o  *consumer.Outcome
-		pe *consumer.PanicError
-	)
-	if errors.As(err, &o) || errors.As(err, &pe) {
+	if _, ok := errors.AsType[*consumer.Outcome](err); ok {
+		return err
+	}
+	if _, ok := errors.AsType[*consumer.PanicError](err); ok {
 		return err
 	}
 	if k := consumer.Decide(ctx, job, err).Kind; k == consumer.KindAbandoned || k == consumer.KindCancelled {
@@ -160,6 +159,12 @@ func (p *retryPolicy) classifyOutcome(ctx context.Context, job *stream.Job, err 
 	return consumer.Retryable(err)
 }
 
+// retryableError is an error that says whether it is worth retrying.
+type retryableError interface {
+	error
+	Retryable() bool
+}
+
 // classify returns err's class (never ClassDefault) and, for a RetryAfter
 // error, its delay.
 func (p *retryPolicy) classify(job *stream.Job, err error) (Class, time.Duration) {
@@ -168,23 +173,22 @@ func (p *retryPolicy) classify(job *stream.Job, err error) (Class, time.Duration
 			return c, 0
 		}
 	}
-	var ce *consumer.ClassifiedError
-	if errors.As(err, &ce) {
+	if ce, ok := errors.AsType[*consumer.ClassifiedError](err); ok {
 		if ce.Permanent {
 			return ClassPermanent, 0
 		}
 		return ClassRetryable, ce.After
 	}
-	var r interface{ Retryable() bool }
-	if errors.As(err, &r) {
+	if r, ok := errors.AsType[retryableError](err); ok {
 		if r.Retryable() {
 			return ClassRetryable, 0
 		}
 		return ClassPermanent, 0
 	}
-	var ne net.Error
-	if errors.Is(err, ErrJobTimeout) || errors.Is(err, context.DeadlineExceeded) ||
-		(errors.As(err, &ne) && ne.Timeout()) {
+	if errors.Is(err, ErrJobTimeout) || errors.Is(err, context.DeadlineExceeded) {
+		return ClassRetryable, 0
+	}
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		return ClassRetryable, 0
 	}
 	if errors.Is(err, stream.ErrPayload) {
