@@ -408,6 +408,8 @@ type r30Outage struct {
 // recovery).
 func TestAttack30Read_outage(t *testing.T) {
 	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	// One case per fault and kind of ReadTimeout (its author ran 12; the
 	// rest were cut to keep the suite's time: each costs about 20 s).
 	for _, c := range []r30Outage{
@@ -420,8 +422,7 @@ func TestAttack30Read_outage(t *testing.T) {
 		{name: "blackhole/rt-1/resp3/live", fault: "blackhole", rt: -1, proto: 3, raw: true},
 		{name: "delay/rt2s/resp3/live", fault: "delay", rt: 2 * time.Second, proto: 3, raw: true},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
+		idle.Run(c.name, func(t *testing.T) {
 			for attempt := 1; ; attempt++ {
 				if r30OutageOnce(t, c, attempt) {
 					return
@@ -689,6 +690,8 @@ type r30Margin struct {
 // once), and the read loop does not spin.
 func TestAttack30Read_margin(t *testing.T) {
 	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	for _, c := range []r30Margin{
 		{name: "rt2s-block1s/resp2", rt: 2 * time.Second, block: time.Second, proto: 2, raw: true},
 		{name: "rt1.9s-block1s/resp3", rt: 1900 * time.Millisecond, block: time.Second, proto: 3, raw: false},
@@ -699,8 +702,7 @@ func TestAttack30Read_margin(t *testing.T) {
 		{name: "rtdefault5s-block4.5s/resp2", block: 4500 * time.Millisecond, proto: 2, raw: false},
 		{name: "rt5.5s-block4.5s/resp3", rt: 5500 * time.Millisecond, block: 4500 * time.Millisecond, proto: 3, raw: true},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
+		idle.Run(c.name, func(t *testing.T) {
 			for attempt := 1; ; attempt++ {
 				if r30MarginOnce(t, c) {
 					return
@@ -826,6 +828,8 @@ func r30MarginOnce(t *testing.T, c r30Margin) bool {
 // the rule is the read's own BLOCK.)
 func TestAttack30Read_typedBlockingRead(t *testing.T) {
 	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	for _, c := range []struct {
 		name      string
 		rt, block time.Duration
@@ -836,8 +840,7 @@ func TestAttack30Read_typedBlockingRead(t *testing.T) {
 		{"rtdefault5s-block4.5s/resp3", 0, 4500 * time.Millisecond, 2 * time.Second, 3},
 		{"rt1.5s-block1s/resp3", 1500 * time.Millisecond, time.Second, 0, 3},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
+		idle.Run(c.name, func(t *testing.T) {
 			crdb := r30Client(t, redistest.Addr(), c.proto, c.rt)
 			hook := &r30Hook{}
 			crdb.AddHook(hook)
@@ -893,6 +896,8 @@ type r30Shutdown struct {
 // client's ReadTimeout. Block is 3 s; the bound allowed is Block + 5 s.
 func TestAttack30Read_shutdownIdle(t *testing.T) {
 	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	const block = 3 * time.Second
 	for _, c := range []r30Shutdown{
 		{name: "rtdefault/resp3", proto: 3},
@@ -904,8 +909,7 @@ func TestAttack30Read_shutdownIdle(t *testing.T) {
 		{name: "rt60s-cancel/resp3", rt: 60 * time.Second, proto: 3, cancel: true},
 		{name: "rt-2-cancel/resp2", rt: -2, proto: 2, cancel: true},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
+		idle.Run(c.name, func(t *testing.T) {
 			crdb := r30Client(t, redistest.Addr(), c.proto, c.rt, func(o *redis.Options) { o.ContextTimeoutEnabled = c.ctxTimeout })
 			hook := &r30Hook{}
 			crdb.AddHook(hook)
@@ -969,6 +973,8 @@ func TestAttack30Read_shutdownIdle(t *testing.T) {
 // Redis answers again, with no job lost.
 func TestAttack30Read_shutdownFrozen(t *testing.T) {
 	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	for _, c := range []struct {
 		name  string
 		rt    time.Duration
@@ -978,8 +984,7 @@ func TestAttack30Read_shutdownFrozen(t *testing.T) {
 		{"rt-1/resp2", -1, 2},
 		{"rt1.5s-typed/resp3", 1500 * time.Millisecond, 3},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
+		idle.Run(c.name, func(t *testing.T) {
 			srv := redistest.Start(t, redistest.Options{})
 			crdb := r30Client(t, srv.Addr(), c.proto, c.rt)
 			hook := &r30Hook{}
@@ -1441,9 +1446,10 @@ var r30ReadCases = []struct {
 // reading; none runs twice, none is lost.
 func TestAttack30Read_lostReply(t *testing.T) {
 	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	for _, c := range r30ReadCases {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
+		idle.Run(c.name, func(t *testing.T) {
 			for attempt := 1; ; attempt++ {
 				if r30LostReplyOnce(t, c.rt, c.proto) {
 					return
@@ -1546,6 +1552,8 @@ func r30LostReplyOnce(t *testing.T, rt time.Duration, proto int) bool {
 // raw and typed blocking reads.
 func TestAttack30Read_groupGone(t *testing.T) {
 	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	for _, how := range []string{"destroy", "del"} {
 		for _, c := range []struct {
 			name  string
@@ -1556,8 +1564,7 @@ func TestAttack30Read_groupGone(t *testing.T) {
 			{"raw/resp3", 0, 3},
 			{"typed/resp3", 1500 * time.Millisecond, 3},
 		} {
-			t.Run(how+"/"+c.name, func(t *testing.T) {
-				t.Parallel()
+			idle.Run(how+"/"+c.name, func(t *testing.T) {
 				crdb := r30Client(t, redistest.Addr(), c.proto, c.rt)
 				hook := &r30Hook{}
 				crdb.AddHook(hook)
@@ -1639,9 +1646,10 @@ func TestAttack30Read_groupGone(t *testing.T) {
 // other queue no read error and its own queue no job.
 func TestAttack30Read_pool(t *testing.T) {
 	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	for _, c := range r30ReadCases {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
+		idle.Run(c.name, func(t *testing.T) {
 			crdb := r30Client(t, redistest.Addr(), c.proto, c.rt, func(o *redis.Options) { o.PoolSize = 10 })
 			hook := &r30Hook{}
 			crdb.AddHook(hook)

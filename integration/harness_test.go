@@ -80,6 +80,40 @@ func widenParallel() {
 	}
 }
 
+// idleCases is how many subtests of one idleRuns run at once.
+const idleCases = 8
+
+// idleRuns runs a test's subtests from goroutines of the test (which the
+// testing package allows), up to idleCases at once: for cases that spend
+// their time waiting on Block, ReadTimeout, outages and visibility
+// timeouts rather than computing, so that a family of them takes its
+// parent's slot only instead of one of the parallelTests slots per case
+// (the attack30 read families: 330 s of the package's slot time in a quiet
+// run, nearly all of it waiting). The subtests must not call t.Parallel.
+type idleRuns struct {
+	t   *testing.T
+	sem chan struct{}
+	wg  sync.WaitGroup
+}
+
+// runIdle returns an idleRuns for t's subtests. Call its Wait before t's
+// function returns.
+func runIdle(t *testing.T) *idleRuns {
+	return &idleRuns{t: t, sem: make(chan struct{}, idleCases)}
+}
+
+// Run starts f as the subtest name and returns at once.
+func (r *idleRuns) Run(name string, f func(t *testing.T)) {
+	r.wg.Go(func() {
+		r.sem <- struct{}{}
+		defer func() { <-r.sem }()
+		r.t.Run(name, f)
+	})
+}
+
+// Wait waits for every subtest started by Run.
+func (r *idleRuns) Wait() { r.wg.Wait() }
+
 var (
 	cliOnce sync.Once
 	cliDir  string
