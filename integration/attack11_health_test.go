@@ -35,6 +35,9 @@ type a11HealthCase struct {
 }
 
 func TestAttack11_HealthCutOff(t *testing.T) {
+	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	for _, tc := range []a11HealthCase{
 		{"blackhole-idle", 100 * time.Millisecond, false, false, 0, 6 * time.Second},
 		{"blackhole-idle-rt500ms", 100 * time.Millisecond, false, false, 500 * time.Millisecond, 6 * time.Second},
@@ -43,7 +46,7 @@ func TestAttack11_HealthCutOff(t *testing.T) {
 		{"blackhole-running-longblock", 2800 * time.Millisecond, false, true, 500 * time.Millisecond, 6 * time.Second},
 		{"blackhole-idle-defaultblock", time.Second, false, false, 0, 6 * time.Second},
 	} {
-		t.Run(tc.name, func(t *testing.T) { a11HealthRun(t, tc) })
+		idle.Run(tc.name, func(t *testing.T) { a11HealthRun(t, tc) })
 	}
 }
 
@@ -55,11 +58,14 @@ func TestAttack11_HealthCutOff(t *testing.T) {
 // 3.4-4 s (go-redis ReadTimeout 500 ms) and 7.9 s to over 12 s (go-redis default
 // ReadTimeout): the clock starts at a read's send, not at the last answer.
 func TestAttack11_HealthCutOffLongBlockIdle(t *testing.T) {
+	t.Parallel()
+	idle := runIdle(t)
+	defer idle.Wait()
 	for _, tc := range []a11HealthCase{
 		{"rt500ms", 2800 * time.Millisecond, false, false, 500 * time.Millisecond, 3 * time.Second},
 		{"rtdefault", 2800 * time.Millisecond, false, false, 0, 3 * time.Second},
 	} {
-		t.Run(tc.name, func(t *testing.T) { a11HealthRun(t, tc) })
+		idle.Run(tc.name, func(t *testing.T) { a11HealthRun(t, tc) })
 	}
 }
 
