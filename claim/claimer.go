@@ -20,9 +20,13 @@ var (
 	touchLua string
 	//go:embed reap.lua
 	reapLua string
+	//go:embed oversize.lua
+	oversizeLua string
 
-	reclaimScript = redis.NewScript(reclaimLua)
-	readOwnScript = redis.NewScript(readOwnLua)
+	// The scripts that hand entries over cut an oversize one short with
+	// the helpers of oversize.lua, put in front.
+	reclaimScript = redis.NewScript(oversizeLua + reclaimLua)
+	readOwnScript = redis.NewScript(oversizeLua + readOwnLua)
 	touchScript   = redis.NewScript(touchLua)
 	reapScript    = redis.NewScript(reapLua)
 )
@@ -42,6 +46,38 @@ type Entry struct {
 	Fields []string
 	// Deliveries is the entry's delivery count, this delivery included.
 	Deliveries int
+	// Cut is set for an entry over the Claimer's size limit
+	// ([Oversize].MaxBytes): Redis sent it cut short, and Fields holds what
+	// its dead letter records of it.
+	Cut *Cut
+}
+
+// Cut describes an entry over the size limit that a [Claimer] handed over
+// cut short: a reply never carries such an entry whole, so that a reply
+// slower than the client's ReadTimeout cannot fail every reclaim of it and
+// of the entries claimed with it.
+type Cut struct {
+	// Size is the entry's size in bytes as [stream.DecodeFields] counts it
+	// (each name once, with its last value).
+	Size int
+	// Field is the name of its longest value, as [stream.DecodeError]
+	// reports it.
+	Field string
+	// Left is how many of its fields Fields leaves out (it has more than
+	// [Oversize].KeepFields).
+	Left int
+}
+
+// Oversize says which entries a [Claimer] hands over cut short, and how:
+// every field in order when there are at most KeepFields, else one per
+// name (its last value) for the first KeepFields names in the order they
+// first come; each name and value cut to KeepBytes. (The consumer records
+// an oversize entry's dead letter so: docs/wire-format.md.)
+type Oversize struct {
+	// MaxBytes is the size limit; 0 hands every entry over whole.
+	MaxBytes int
+	// KeepFields and KeepBytes say what is kept of an entry over it.
+	KeepFields, KeepBytes int
 }
 
 // Field returns the value of the entry's field name (the last one, for a
@@ -53,12 +89,14 @@ func (e Entry) Field(name string) string { return stream.Field(e.Fields, name) }
 type Claimer struct {
 	rdb                     redis.Scripter
 	stream, group, consumer string
+	over                    Oversize
 	cursor                  string
 }
 
-// New returns a Claimer for consumer in group on stream.
-func New(rdb redis.Scripter, stream, group, consumer string) *Claimer {
-	return &Claimer{rdb: rdb, stream: stream, group: group, consumer: consumer, cursor: "0-0"}
+// New returns a Claimer for consumer in group on stream, which hands
+// entries over the size limit of over over cut short.
+func New(rdb redis.Scripter, stream, group, consumer string, over Oversize) *Claimer {
+	return &Claimer{rdb: rdb, stream: stream, group: group, consumer: consumer, over: over, cursor: "0-0"}
 }
 
 // Sweep takes over entries idle for at least minIdle. Before each XAUTOCLAIM
@@ -91,7 +129,8 @@ func (c *Claimer) Sweep(ctx context.Context, minIdle time.Duration, take func(ma
 }
 
 func (c *Claimer) reclaim(ctx context.Context, minIdle time.Duration, cursor string, count int) (string, []Entry, []string, error) {
-	res, err := reclaimScript.Run(ctx, c.rdb, []string{c.stream}, c.group, c.consumer, minIdle.Milliseconds(), cursor, count).Slice()
+	res, err := reclaimScript.Run(ctx, c.rdb, []string{c.stream}, c.group, c.consumer, minIdle.Milliseconds(), cursor, count,
+		c.over.MaxBytes, c.over.KeepFields, c.over.KeepBytes).Slice()
 	if err != nil {
 		return "", nil, nil, fmt.Errorf("claim: XAUTOCLAIM %s/%s: %w", c.stream, c.group, err)
 	}
@@ -111,7 +150,8 @@ func (c *Claimer) reclaim(ctx context.Context, minIdle time.Duration, cursor str
 // restarted under the same name. Reading counts as a delivery. Entries
 // deleted while pending are acknowledged and returned as deleted.
 func (c *Claimer) ReadOwn(ctx context.Context, after string, count int) ([]Entry, []string, error) {
-	res, err := readOwnScript.Run(ctx, c.rdb, []string{c.stream}, c.group, c.consumer, after, count).Slice()
+	res, err := readOwnScript.Run(ctx, c.rdb, []string{c.stream}, c.group, c.consumer, after, count,
+		c.over.MaxBytes, c.over.KeepFields, c.over.KeepBytes).Slice()
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim: read own pending %s/%s: %w", c.stream, c.group, err)
 	}
@@ -173,7 +213,7 @@ func parseEntries(v any) ([]Entry, error) {
 	out := make([]Entry, 0, len(list))
 	for _, x := range list {
 		e, ok := x.([]any)
-		if !ok || len(e) != 3 {
+		if !ok || (len(e) != 3 && len(e) != 6) {
 			return nil, fmt.Errorf("claim: unexpected entry %v", x)
 		}
 		id, _ := e[0].(string)
@@ -189,7 +229,14 @@ func parseEntries(v any) ([]Entry, error) {
 				fields[i] = s
 			}
 		}
-		out = append(out, Entry{ID: id, Fields: fields, Deliveries: int(n)})
+		en := Entry{ID: id, Fields: fields, Deliveries: int(n)}
+		if len(e) == 6 {
+			size, _ := e[3].(int64)
+			field, _ := e[4].(string)
+			left, _ := e[5].(int64)
+			en.Cut = &Cut{Size: int(size), Field: field, Left: int(left)}
+		}
+		out = append(out, en)
 	}
 	return out, nil
 }

@@ -61,7 +61,7 @@ func setup(t *testing.T) *env {
 
 // claimer returns a Claimer for consumer on e's stream and group.
 func (e *env) claimer(consumer string) *claim.Claimer {
-	return claim.New(e.rdb, e.stream, group, consumer)
+	return claim.New(e.rdb, e.stream, group, consumer, claim.Oversize{})
 }
 
 // add appends n entries, {"n": "0"} … {"n": "n-1"}, and returns their IDs.
@@ -481,7 +481,7 @@ func TestClaimer_Sweep(t *testing.T) {
 	t.Run("an error still reports the reservation", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
-		c := claim.New(e.rdb, e.stream, "nosuchgroup", "b")
+		c := claim.New(e.rdb, e.stream, "nosuchgroup", "b", claim.Oversize{})
 		var calls []sweepCall
 		err := c.Sweep(t.Context(), visibility, upTo(7), func(reserved int, claimed []claim.Entry, deleted []string) {
 			calls = append(calls, sweepCall{reserved, claimed, deleted})
@@ -676,7 +676,7 @@ func TestClaimer_ReadOwn(t *testing.T) {
 	t.Run("missing group is an error", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
-		_, _, err := claim.New(e.rdb, e.stream, "nosuchgroup", "a").ReadOwn(t.Context(), "0", 10)
+		_, _, err := claim.New(e.rdb, e.stream, "nosuchgroup", "a", claim.Oversize{}).ReadOwn(t.Context(), "0", 10)
 		if err == nil || !strings.Contains(err.Error(), "NOGROUP") {
 			t.Errorf("err %v; want NOGROUP", err)
 		}
@@ -755,7 +755,7 @@ func TestClaimer_Extend(t *testing.T) {
 
 	t.Run("no IDs, no call", func(t *testing.T) {
 		t.Parallel()
-		c := claim.New(nil, "s", group, "a") // a nil client would panic if used
+		c := claim.New(nil, "s", group, "a", claim.Oversize{}) // a nil client would panic if used
 		if lost, err := c.Extend(t.Context()); lost != nil || err != nil {
 			t.Errorf("Extend(): %v, %v; want nil, nil", lost, err)
 		}
@@ -912,7 +912,7 @@ func TestClaimer_Reap(t *testing.T) {
 func TestClaimer_errors(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	c := claim.New(e.rdb, "claimtest:"+redistest.Name(t)+":missing", group, "a")
+	c := claim.New(e.rdb, "claimtest:"+redistest.Name(t)+":missing", group, "a", claim.Oversize{})
 	if _, err := c.Reap(t.Context(), time.Second); err == nil {
 		t.Error("Reap on a missing stream: no error")
 	}
@@ -956,7 +956,7 @@ func TestClaimer_foreignReplies(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c := claim.New(replyScripter{reply: tc.reply}, "s", group, "a")
+			c := claim.New(replyScripter{reply: tc.reply}, "s", group, "a", claim.Oversize{})
 			var calls []sweepCall
 			err := c.Sweep(t.Context(), visibility, upTo(3), func(reserved int, claimed []claim.Entry, deleted []string) {
 				calls = append(calls, sweepCall{reserved, claimed, deleted})
@@ -980,7 +980,7 @@ func TestClaimer_foreignReplies(t *testing.T) {
 			[]any{[]any{}},
 			[]any{[]any{entry, "x"}, []any{}},
 		} {
-			if _, _, err := claim.New(replyScripter{reply: reply}, "s", group, "a").ReadOwn(t.Context(), "0", 1); err == nil {
+			if _, _, err := claim.New(replyScripter{reply: reply}, "s", group, "a", claim.Oversize{}).ReadOwn(t.Context(), "0", 1); err == nil {
 				t.Errorf("ReadOwn with reply %v: no error", reply)
 			}
 		}
@@ -989,7 +989,7 @@ func TestClaimer_foreignReplies(t *testing.T) {
 		entries, deleted, err := claim.New(replyScripter{reply: []any{
 			[]any{[]any{"1-0", []any{"n", "0", int64(5), "x", "odd"}, int64(3)}},
 			[]any{"2-0", int64(9)},
-		}}, "s", group, "a").ReadOwn(t.Context(), "0", 1)
+		}}, "s", group, "a", claim.Oversize{}).ReadOwn(t.Context(), "0", 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1004,7 +1004,7 @@ func TestClaimer_foreignReplies(t *testing.T) {
 
 	t.Run("Extend and Reap", func(t *testing.T) {
 		t.Parallel()
-		c := claim.New(replyScripter{reply: "OK"}, "s", group, "a")
+		c := claim.New(replyScripter{reply: "OK"}, "s", group, "a", claim.Oversize{})
 		if _, err := c.Extend(t.Context(), "1-0"); err == nil {
 			t.Error("Extend: no error")
 		}

@@ -19,5 +19,11 @@
 // claimer removes them from the PEL and returns their IDs so that the caller
 // reports them as lost.
 //
+// An entry over the size limit given to [New] ([Oversize]) is handed over
+// cut short, in the script that takes it ([Entry.Cut]): a reply never
+// carries it whole, so an entry too large to arrive within the client's
+// ReadTimeout cannot fail every sweep that meets it, and those of the
+// entries taken with it.
+//
 // The package depends on go-redis only; the consumer package drives it.
 package claim

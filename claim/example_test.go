@@ -32,7 +32,7 @@ func ExampleClaimer_Sweep() {
 	// A minute later worker-2, with 4 free slots, sweeps with a 30 s
 	// visibility timeout and takes the job over.
 	mr.SetTime(time.UnixMilli(1_700_000_060_000))
-	c := claim.New(rdb, "jobs", "workers", "worker-2")
+	c := claim.New(rdb, "jobs", "workers", "worker-2", claim.Oversize{MaxBytes: 16 << 20, KeepFields: 1100, KeepBytes: 1024})
 	free := 4
 	take := func(max int) int {
 		n := min(free, max)

@@ -88,7 +88,7 @@ func TestClaimer_miniredis(t *testing.T) {
 		m := setupMini(t)
 		ids := m.add(2)
 		m.read("a", 2)
-		b := claim.New(m.rdb, miniStream, group, "b")
+		b := claim.New(m.rdb, miniStream, group, "b", claim.Oversize{})
 
 		m.at(10 * time.Second)
 		if got := claimedIDs(sweep(t, b, visibility, upTo(10))); len(got) != 0 {
@@ -118,7 +118,7 @@ func TestClaimer_miniredis(t *testing.T) {
 		}
 
 		// The stale heartbeat of a is refused here too.
-		lost, err = claim.New(m.rdb, miniStream, group, "a").Extend(t.Context(), ids[0])
+		lost, err = claim.New(m.rdb, miniStream, group, "a", claim.Oversize{}).Extend(t.Context(), ids[0])
 		if err != nil || !slices.Equal(lost, ids[:1]) {
 			t.Errorf("a's Extend: lost %v, err %v; want %v", lost, err, ids[:1])
 		}
@@ -133,7 +133,7 @@ func TestClaimer_miniredis(t *testing.T) {
 		ids := m.add(4)
 		m.read("a", 3)
 		m.read("b", 1)
-		entries, deleted, err := claim.New(m.rdb, miniStream, group, "a").ReadOwn(t.Context(), "0", 2)
+		entries, deleted, err := claim.New(m.rdb, miniStream, group, "a", claim.Oversize{}).ReadOwn(t.Context(), "0", 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +157,7 @@ func TestClaimer_miniredis(t *testing.T) {
 			t.Fatal(err)
 		}
 		m.at(time.Minute)
-		calls := sweep(t, claim.New(m.rdb, miniStream, group, "b"), visibility, upTo(10))
+		calls := sweep(t, claim.New(m.rdb, miniStream, group, "b", claim.Oversize{}), visibility, upTo(10))
 		// Gap §5.1/§5.3.5: Redis reports ids[0] in deleted and drops it from
 		// the PEL; miniredis skips it and keeps it forever.
 		if got, d := claimedIDs(calls), deletedIDs(calls); !slices.Equal(got, ids[1:]) || len(d) != 0 {
@@ -166,7 +166,7 @@ func TestClaimer_miniredis(t *testing.T) {
 		if p, ok := m.pending()[ids[0]]; !ok || p.Consumer != "a" {
 			t.Errorf("deleted entry in the PEL: %v (%+v); want still pending for a", ok, p)
 		}
-		entries, deleted, err := claim.New(m.rdb, miniStream, group, "a").ReadOwn(t.Context(), "0", 10)
+		entries, deleted, err := claim.New(m.rdb, miniStream, group, "a", claim.Oversize{}).ReadOwn(t.Context(), "0", 10)
 		if err != nil || len(entries) != 0 || len(deleted) != 0 {
 			t.Errorf("a's ReadOwn: %v deleted %v err %v; want nothing (miniredis skips the dangling entry)", entryIDs(entries), deleted, err)
 		}

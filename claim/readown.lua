@@ -4,7 +4,11 @@
 -- ARGV[2]  consumer
 -- ARGV[3]  read entries with IDs greater than this one ("0" at the start)
 -- ARGV[4]  count
--- Returns  {{{id, {field, value, ...}, deliveries}, ...}, {deleted id, ...}}
+-- ARGV[5]  size limit, bytes (0: none); ARGV[6] fields and ARGV[7] bytes
+--          kept of an entry over it (oversize.lua, put in front)
+-- Returns  {{{id, {field, value, ...}, deliveries}, ...}, {deleted id, ...}};
+--          an entry over the size limit is {id, {field, value, ...} cut
+--          short, deliveries, size, longest field, fields left out}
 -- Reading history counts as a delivery. Entries deleted while pending come
 -- back without a body: they are acknowledged here and returned as deleted.
 local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], ARGV[3])
@@ -15,7 +19,12 @@ for _, e in ipairs(r[1][2]) do
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
     local n = 0
     if #p == 1 then n = p[1][4] end
-    out[#out + 1] = {e[1], e[2], n}
+    local c = cut(e[2], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+    if c then
+      out[#out + 1] = {e[1], c[3], n, c[1], c[2], c[4]}
+    else
+      out[#out + 1] = {e[1], e[2], n}
+    end
   else
     redis.call('XACK', KEYS[1], ARGV[1], e[1])
     deleted[#deleted + 1] = e[1]

@@ -5,7 +5,11 @@
 -- ARGV[3]  min idle time, ms (the visibility timeout)
 -- ARGV[4]  cursor ("0-0" starts a new pass)
 -- ARGV[5]  count (the free worker slots)
--- Returns  {next cursor, {{id, {field, value, ...}, deliveries}, ...}, {deleted id, ...}}
+-- ARGV[6]  size limit, bytes (0: none); ARGV[7] fields and ARGV[8] bytes
+--          kept of an entry over it (oversize.lua, put in front)
+-- Returns  {next cursor, {{id, {field, value, ...}, deliveries}, ...}, {deleted id, ...}};
+--          an entry over the size limit is {id, {field, value, ...} cut
+--          short, deliveries, size, longest field, fields left out}
 -- XAUTOCLAIM runs without JUSTID so that every reclaim counts as a delivery:
 -- a job that kills its worker every time is recognised by its delivery count.
 -- Deleted ids are entries trimmed or XDELed while pending; Redis 7 has already
@@ -16,6 +20,11 @@ for _, e in ipairs(r[2]) do
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
   local n = 0
   if #p == 1 then n = p[1][4] end
-  out[#out + 1] = {e[1], e[2], n}
+  local c = e[2] and cut(e[2], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
+  if c then
+    out[#out + 1] = {e[1], c[3], n, c[1], c[2], c[4]}
+  else
+    out[#out + 1] = {e[1], e[2], n}
+  end
 end
 return {r[1], out, r[3] or {}}

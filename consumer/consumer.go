@@ -154,7 +154,8 @@ func (c *Consumer) Run(ctx context.Context) (err error) {
 	}()
 	c.r = r
 	c.chain = chain
-	c.claimer = claim.New(c.rdb, r.Stream, r.Group, r.Consumer)
+	c.claimer = claim.New(c.rdb, r.Stream, r.Group, r.Consumer,
+		claim.Oversize{MaxBytes: r.MaxEntryBytes, KeepFields: recordedFields, KeepBytes: cutShortBytes})
 	c.slots = make(chan struct{}, r.Concurrency)
 	for range r.Concurrency {
 		c.slots <- struct{}{}

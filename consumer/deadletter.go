@@ -84,16 +84,20 @@ func firstFields(pairs []string) ([]string, int) {
 	return out, n - len(out)/2
 }
 
-// deadRequest returns the request that dead-letters entry id (fields as
-// read) with reason, cause and attempts made, with Config.RedactDeadLetter's
-// field values. job is nil for an entry that did not decode; jobCtx is the
+// deadRequest returns the request that dead-letters the entry of dv with
+// reason, cause and attempts made, with Config.RedactDeadLetter's field
+// values. job is nil for an entry that did not decode; jobCtx is the
 // context its handler ran under.
-func (c *Consumer) deadRequest(jobCtx context.Context, id string, pairs []string, reason string, cause error, attempts int, job *stream.Job) *retryReq {
+func (c *Consumer) deadRequest(jobCtx context.Context, dv delivery, reason string, cause error, attempts int, job *stream.Job) *retryReq {
+	id, pairs := dv.id, dv.fields
 	msg := errText(cause)
 	stored := c.errorText(job, msg) // what dead_error holds
 	d := &deadReq{info: DeadLetter{Job: job, EntryID: id, Stream: c.r.Stream,
 		DeadLetterStream: c.r.DeadLetterStream, Reason: reason, Error: stored, Attempts: attempts}}
 	d.read, d.left = firstFields(pairs)
+	if dv.cut != nil { // cut short in Redis as firstFields and cutShort would
+		d.read, d.left = pairs, dv.cut.Left
+	}
 	set := make(map[string]string)
 	if job != nil && msg != "" {
 		// The record carries the final error, as a retry would (the

@@ -327,7 +327,7 @@ func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.T
 func (c *Consumer) dispatchOwned(reserved int, entries []claim.Entry, at time.Time) {
 	ds := make([]delivery, len(entries))
 	for i, e := range entries {
-		ds[i] = delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at}
+		ds[i] = delivery{id: e.ID, fields: e.Fields, deliveries: e.Deliveries, at: at, cut: e.Cut}
 	}
 	c.markCancelled(ds)
 	for i, d := range ds {

@@ -398,16 +398,16 @@ func (c *Consumer) logDone(ids []string, stale []string) {
 	}
 }
 
-// cutShortBytes is how much of each field value the dead letter of an
-// oversize entry keeps.
+// cutShortBytes is how much of each field name and value the dead letter
+// of an oversize entry keeps.
 const cutShortBytes = 1024
 
 // cutShort returns fields (names and values, as in an entry) with each
-// value cut to cutShortBytes, in the same order.
+// name and value cut to cutShortBytes, in the same order.
 func cutShort(fields []string) []string {
 	out := make([]string, len(fields))
 	for i, s := range fields {
-		if i%2 == 1 && len(s) > cutShortBytes {
+		if len(s) > cutShortBytes {
 			s = s[:cutShortBytes]
 		}
 		out[i] = s

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pelicanqueue/pelican/claim"
 	"github.com/pelicanqueue/pelican/stream"
 )
 
@@ -65,6 +66,9 @@ type delivery struct {
 	// cancelled: re-read or reclaimed with its record cancelling for this
 	// entry (see markCancelled): settled cancelled without running.
 	cancelled bool
+	// cut: reclaimed or re-read over the size limit, cut short in Redis
+	// (fields then hold what its dead letter records).
+	cut *claim.Cut
 }
 
 // dispatch takes in the job of d. For a fresh delivery (a new entry read
@@ -260,6 +264,9 @@ func (c *Consumer) startable(t *task) bool {
 // decode returns d's job, or the dead-letter reason and error of an entry
 // that must not reach the handler.
 func (c *Consumer) decode(d delivery) (job *stream.Job, reason string, deadError error) {
+	if d.cut != nil {
+		return nil, ReasonMalformed, stream.OversizeError(d.id, d.cut.Field, d.cut.Size, c.r.MaxEntryBytes)
+	}
 	job, err := stream.DecodeFields(d.id, d.fields, c.r.MaxEntryBytes)
 	if err != nil {
 		return nil, ReasonMalformed, err
@@ -317,7 +324,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 	c.mu.Unlock()
 	if reason != "" {
 		dec := verdict(ctx, job, d, reason, deadError)
-		r := c.deadRequest(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
+		r := c.deadRequest(ctx, d, dec.Reason, dec.Err, dec.Attempt, job)
 		r.room, t.room = t.room, false
 		c.settleDead(ctx, r, t.suspect) // the retry loop leaves the in-flight set
 		return endSettled
@@ -381,7 +388,7 @@ func (c *Consumer) work(ctx context.Context, t *task, d delivery, crashed string
 		}
 	case dec.Kind == KindDead:
 		forget = false // the retry loop does, once it has run the job's batch
-		r := c.deadRequest(ctx, d.id, d.fields, dec.Reason, dec.Err, dec.Attempt, job)
+		r := c.deadRequest(ctx, d, dec.Reason, dec.Err, dec.Attempt, job)
 		r.room, t.room = t.room, false
 		c.settleDead(ctx, r, t.suspect)
 	}

@@ -393,7 +393,7 @@ func clusterClaimAPI(t *testing.T, cc *redis.ClusterClient, name string) {
 	_, err = cc.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c1", Streams: []string{key, ">"}, Count: 10, Block: -1}).Result()
 	clusterMust(t, "XREADGROUP", err)
 
-	c1 := claim.New(cc, key, "g", "c1")
+	c1 := claim.New(cc, key, "g", "c1", claim.Oversize{})
 	own, deleted, err := c1.ReadOwn(ctx, "0", 10)
 	clusterMust(t, "ReadOwn", err)
 	if got := clusterEntryIDs(own); !slices.Equal(got, ids) || len(deleted) != 0 || own[0].Deliveries != 2 || own[0].Field("type") != "x" {
@@ -417,7 +417,7 @@ func clusterClaimAPI(t *testing.T, cc *redis.ClusterClient, name string) {
 		}
 	}
 
-	c2 := claim.New(cc, key, "g", "c2")
+	c2 := claim.New(cc, key, "g", "c2", claim.Oversize{})
 	var claimed []claim.Entry
 	err = c2.Sweep(ctx, 30*time.Second, func(max int) int { return min(max, 10) },
 		func(_ int, got []claim.Entry, del []string) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pelicanqueue/pelican/consumer"
 	"github.com/pelicanqueue/pelican/dlq"
+	"github.com/pelicanqueue/pelican/internal/faultproxy"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 	"github.com/redis/go-redis/v9"
@@ -492,4 +493,72 @@ func infoInt(t *testing.T, rdb *redis.Client, section, key string) int64 {
 	}
 	t.Fatalf("INFO %s has no %s", section, key)
 	return 0
+}
+
+// An entry too large for the reply that carries it to arrive within the
+// client's ReadTimeout (a slow link: here a proxy throttled to 4 MB/s and a
+// 40 MB entry, 10 s against go-redis's 3 s): the read that delivered it
+// fails, so it and the entries read with it wait for the visibility
+// timeout; then the reclaim hands it over cut short (claim.Cut), so it is
+// dead-lettered as oversize, with its size, and the others run, each once;
+// nothing stays pending. (A reclaim that carried it whole failed the same
+// way every time, and none of those entries ever settled.)
+func TestHostile_unreadableEntry(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	const q = "slow"
+	keys, _ := stream.KeysFor(q)
+	if err := rdb.XGroupCreateMkStream(ctx, q, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	const size = 40 << 20
+	var small []string
+	for i := range 8 {
+		if i == 4 {
+			rawXADD(t, rdb, q, "*", "type", "t", "job_id", "huge", "payload", strings.Repeat("p", size))
+		}
+		id := fmt.Sprintf("s%d", i)
+		rawXADD(t, rdb, q, "*", "type", "t", "job_id", id, "payload", "{}")
+		small = append(small, id)
+	}
+	px, err := faultproxy.Start(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	px.Throttle(4 << 20)
+	crdb := redis.NewClient(&redis.Options{Addr: px.Addr(), WriteTimeout: 30 * time.Second})
+	t.Cleanup(func() { crdb.Close() })
+	logs := &syncBuffer{}
+	h := runHostile(t, crdb, q, consumer.Config{VisibilityTimeout: 3 * time.Second, SweepInterval: 500 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	eventually(t, 2*time.Minute, func() (bool, string) {
+		ran := 0
+		for _, id := range small {
+			ran += min(h.ran(id), 1)
+		}
+		dead := rdb.XLen(ctx, keys.Dead).Val()
+		pending := rdb.XPending(ctx, q, "g").Val()
+		return ran == len(small) && dead == 1 && pending != nil && pending.Count == 0,
+			fmt.Sprintf("%d of %d jobs ran, %d dead letters, pending %+v", ran, len(small), dead, pending)
+	})
+	if !strings.Contains(logs.String(), "i/o timeout") {
+		t.Fatalf("precondition: no read timed out; the 40 MB entry came through a 4 MB/s link within the ReadTimeout?")
+	}
+	for _, id := range small {
+		if n := h.ran(id); n != 1 {
+			t.Errorf("job %s ran %d times, want once", id, n)
+		}
+	}
+	if n := h.ran("huge"); n != 0 {
+		t.Errorf("the oversize job ran %d times", n)
+	}
+	d := rdb.XRange(ctx, keys.Dead, "-", "+").Val()[0]
+	if d.Values["dead_reason"] != consumer.ReasonMalformed || len(fmt.Sprint(d.Values["payload"])) != 1024 ||
+		d.Values["dead_truncated"] != strconv.Itoa(size+len("typetjob_idhugepayload")) || d.Values["job_id"] != "huge" {
+		t.Errorf("dead letter: reason %v, job_id %v, payload of %d bytes, dead_truncated %v; want malformed, huge, its fields cut to 1 KiB, the entry's size",
+			d.Values["dead_reason"], d.Values["job_id"], len(fmt.Sprint(d.Values["payload"])), d.Values["dead_truncated"])
+	}
 }

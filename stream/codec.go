@@ -43,6 +43,15 @@ type DecodeError struct {
 	Fields int
 }
 
+// OversizeError returns the error of entry id, size bytes (field names and
+// values, each name once with its last value) over the limit of maxBytes,
+// reported for field, the name of its longest value: what [DecodeLimit]
+// returns for such an entry, for a reader that learnt its size and field
+// without reading it whole.
+func OversizeError(id, field string, size, maxBytes int) *DecodeError {
+	return &DecodeError{EntryID: id, Field: field, Reason: fmt.Sprintf("entry is %d bytes, over the limit of %d", size, maxBytes), Size: size}
+}
+
 // Error implements error.
 func (e *DecodeError) Error() string {
 	if e.Field == "" {
@@ -368,8 +377,7 @@ func decode(id string, pairs []string, n int, maxBytes int, bad *DecodeError) (*
 		}
 	}
 	if maxBytes > 0 && size > maxBytes {
-		err := &DecodeError{EntryID: id, Field: biggest, Reason: fmt.Sprintf("entry is %d bytes, over the limit of %d", size, maxBytes), Size: size}
-		return nil, err
+		return nil, OversizeError(id, biggest, size, maxBytes)
 	}
 	if n := j.counted(); n > MaxFields {
 		return nil, &DecodeError{EntryID: id, Reason: fmt.Sprintf("entry has %d fields, over the limit of %d besides the format's own", n, MaxFields), Fields: n}

@@ -27,6 +27,9 @@
 // is discarded and that connection is closed, after the request was
 // delivered: "command applied, reply lost".
 //
+// [Proxy.Throttle] limits, on top of the mode, the bytes per second each
+// connection forwards from the server: a slow link.
+//
 // When either side closes its connection, the proxy closes both once what
 // it read before has been forwarded (no half-close).
 //

@@ -61,6 +61,7 @@ type Proxy struct {
 	changed chan struct{} // closed and replaced at every change of mode
 	drops   int           // replies still to drop
 	match   []byte        // what a request must contain for its reply to be dropped
+	rate    int           // Throttle's bytes per second from the server, 0: none
 	conns   map[*conn]struct{}
 	closed  bool
 }
@@ -139,6 +140,35 @@ func (p *Proxy) DropReplies(n int, match string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.drops, p.match = max(n, 0), []byte(match)
+}
+
+// Throttle limits the bytes each connection forwards from the server to
+// the client to bytesPerSecond (a slow link: a large reply takes its size
+// over the rate to arrive, a small one about what it did); 0 lifts the
+// limit. It works with every mode, on top of it.
+func (p *Proxy) Throttle(bytesPerSecond int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rate = max(bytesPerSecond, 0)
+}
+
+// throttle waits for a chunk of n bytes forwarded from the server to fit
+// the rate, and reports false if the connection went meanwhile.
+func (p *Proxy) throttle(c *conn, n int) bool {
+	p.mu.Lock()
+	rate := p.rate
+	p.mu.Unlock()
+	if rate == 0 {
+		return true
+	}
+	timer := time.NewTimer(time.Duration(n) * time.Second / time.Duration(rate))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-c.gone:
+		return false
+	}
 }
 
 // DropsLeft returns how many replies DropReplies still has to drop.
@@ -269,6 +299,8 @@ func (p *Proxy) pipe(c *conn, dir direction, src, dst net.Conn) {
 				p.armDrop(c, ch.b)
 			case c.dropReply.Load():
 				return // the reply is dropped with the connection
+			case !p.throttle(c, len(ch.b)):
+				return
 			}
 			if _, err := dst.Write(ch.b); err != nil {
 				return

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -199,6 +200,28 @@ func TestProxy_Delay(t *testing.T) {
 		p.Pass()
 		expect(t, c, "held")
 	})
+}
+
+// Throttle: a reply comes at no more than the rate (a lower bound on its
+// time: a slow machine only makes it later), bytes intact; the requests
+// are not throttled; 0 lifts the limit.
+func TestProxy_Throttle(t *testing.T) {
+	t.Parallel()
+	p, e := setup(t)
+	c := dial(t, p)
+	const rate, n = 1 << 20, 1 << 19 // 0.5 s at the rate
+	p.Throttle(rate)
+	msg := strings.Repeat("0123456789abcdef", n/16)
+	start := time.Now()
+	write(t, c, msg)
+	waitFor(t, "the server got the request", func() bool { return len(e.received()) == n })
+	expect(t, c, msg)
+	if took, least := time.Since(start), time.Duration(n)*time.Second/rate; took < least {
+		t.Errorf("%d bytes at %d B/s came in %v; want at least %v", n, rate, took, least)
+	}
+	p.Throttle(0)
+	write(t, c, "after")
+	expect(t, c, "after")
 }
 
 func TestProxy_Blackhole(t *testing.T) {
