@@ -60,8 +60,9 @@ type Cut struct {
 	// Size is the entry's size in bytes as [stream.DecodeFields] counts it
 	// (each name once, with its last value).
 	Size int
-	// Field is the name of its longest value, as [stream.DecodeError]
-	// reports it.
+	// Field is the name of its longest value, cut to [Oversize].KeepBytes,
+	// as [stream.OversizeError] reports it (with KeepBytes
+	// [stream.CutBytes]).
 	Field string
 	// Left is how many of its fields Fields leaves out (it has more than
 	// [Oversize].KeepFields).

@@ -8,7 +8,8 @@
 --   size   its size as stream.DecodeFields counts it: each name once, with
 --          its last value, #name + #value
 --   field  the name of its longest last value, the smallest name (in byte
---          order, as Go compares) among equals: DecodeError.Field
+--          order, as Go compares) among equals, cut to keepBytes:
+--          stream.OversizeError's field
 --   fields what its dead letter records (consumer/deadletter.go): every
 --          field in order when there are at most keepFields, else one per
 --          name (its last value), the first keepFields names in the order
@@ -50,6 +51,7 @@ local function cut(f, limit, keepFields, keepBytes)
     end
   end
   if size <= limit then return nil end
+  field = string.sub(field, 1, keepBytes)
   local out, n = {}, #f / 2
   if n <= keepFields then
     for i = 1, #f do out[i] = string.sub(f[i], 1, keepBytes) end

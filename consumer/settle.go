@@ -400,7 +400,7 @@ func (c *Consumer) logDone(ids []string, stale []string) {
 
 // cutShortBytes is how much of each field name and value the dead letter
 // of an oversize entry keeps.
-const cutShortBytes = 1024
+const cutShortBytes = stream.CutBytes
 
 // cutShort returns fields (names and values, as in an entry) with each
 // name and value cut to cutShortBytes, in the same order.

@@ -736,20 +736,28 @@ func clusterScripts(t *testing.T) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// consumer/ids.lua is no script of its own: settle.go puts it in front
-	// of the settlement scripts, which run as that concatenation.
-	if _, ok := out["consumer/ids.lua"]; ok {
-		ids, err := os.ReadFile("../consumer/ids.lua")
+	// Helpers are no scripts of their own: consumer/settle.go puts
+	// consumer/ids.lua in front of the settlement scripts, claim/claimer.go
+	// claim/oversize.lua in front of the scripts that hand entries over;
+	// those run as the concatenation.
+	for helper, scripts := range map[string][]string{
+		"consumer/ids.lua":   {"consumer/ack.lua", "consumer/retry.lua", "consumer/dead.lua"},
+		"claim/oversize.lua": {"claim/reclaim.lua", "claim/readown.lua"},
+	} {
+		if _, ok := out[helper]; !ok {
+			continue
+		}
+		front, err := os.ReadFile("../" + helper)
 		if err != nil {
 			t.Fatal(err)
 		}
-		delete(out, "consumer/ids.lua")
-		for _, f := range []string{"consumer/ack.lua", "consumer/retry.lua", "consumer/dead.lua"} {
+		delete(out, helper)
+		for _, f := range scripts {
 			b, err := os.ReadFile("../" + f)
 			if err != nil {
 				t.Fatal(err)
 			}
-			sum := sha1.Sum(append(slices.Clip(ids), b...))
+			sum := sha1.Sum(append(slices.Clip(front), b...))
 			out[f] = hex.EncodeToString(sum[:])
 		}
 	}

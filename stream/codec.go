@@ -43,12 +43,19 @@ type DecodeError struct {
 	Fields int
 }
 
+// CutBytes is how much of each field name and value is kept of an entry
+// over the size limit: in its dead letter, and of the field name its
+// [DecodeError] reports (an entry whose bulk is one name must not come back
+// whole in its error).
+const CutBytes = 1024
+
 // OversizeError returns the error of entry id, size bytes (field names and
 // values, each name once with its last value) over the limit of maxBytes,
-// reported for field, the name of its longest value: what [DecodeLimit]
-// returns for such an entry, for a reader that learnt its size and field
-// without reading it whole.
+// reported for field, the name of its longest value, cut to [CutBytes]:
+// what [DecodeLimit] returns for such an entry, for a reader that learnt
+// its size and field without reading it whole.
 func OversizeError(id, field string, size, maxBytes int) *DecodeError {
+	field = field[:min(len(field), CutBytes)]
 	return &DecodeError{EntryID: id, Field: field, Reason: fmt.Sprintf("entry is %d bytes, over the limit of %d", size, maxBytes), Size: size}
 }
 
