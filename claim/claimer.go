@@ -77,7 +77,9 @@ type Cut struct {
 type Oversize struct {
 	// MaxBytes is the size limit; 0 hands every entry over whole.
 	MaxBytes int
-	// KeepFields and KeepBytes say what is kept of an entry over it.
+	// KeepFields and KeepBytes say what is kept of an entry over it; 0
+	// keeps nothing of it (no fields, only its Cut). The consumer keeps
+	// 1,100 fields and [stream.CutBytes] bytes, as its dead letters do.
 	KeepFields, KeepBytes int
 }
 

@@ -46,16 +46,6 @@ func a32rawEntries(t *testing.T, rdb *redis.Client, key string) [][]string {
 	return out
 }
 
-func a32field(fields []string, name string) (string, bool) {
-	v, ok := "", false
-	for i := 0; i+1 < len(fields); i += 2 {
-		if fields[i] == name {
-			v, ok = fields[i+1], true
-		}
-	}
-	return v, ok
-}
-
 // a32norm drops the dead_* fields that name the run (time, consumer,
 // entry ID, attempts) and replaces the entry ID in dead_error.
 func a32norm(fields []string, id string) []string {
@@ -181,7 +171,7 @@ func a32Run(t *testing.T, rdb *redis.Client, owner string, es []a32Entry) (map[s
 	out := map[string][]string{}
 	for _, d := range a32rawEntries(t, rdb, keys.Dead) {
 		fs := d[1:]
-		src, _ := a32field(fs, "dead_entry_id")
+		src, _ := a30Field(fs, "dead_entry_id")
 		name := ""
 		for n, id := range ids {
 			if id == src {
@@ -237,14 +227,14 @@ func TestAttack32_claimMatchesFreshRead(t *testing.T) {
 			if n := runs[p].ran(e.name); n != 0 {
 				t.Errorf("path %q: oversize %s ran %d times", p, e.name, n)
 			}
-			if r, _ := a32field(d, "dead_reason"); r != "malformed" {
+			if r, _ := a30Field(d, "dead_reason"); r != "malformed" {
 				t.Errorf("path %q: %s dead_reason %q; want malformed", p, e.name, r)
 			}
-			if tr, _ := a32field(d, "dead_truncated"); tr != strconv.Itoa(e.size) {
+			if tr, _ := a30Field(d, "dead_truncated"); tr != strconv.Itoa(e.size) {
 				t.Errorf("path %q: %s dead_truncated %q; want %d", p, e.name, tr, e.size)
 			}
 			want := stream.OversizeError("<id>", e.field, e.size, 2000).Error()
-			if de, _ := a32field(d, "dead_error"); de != want {
+			if de, _ := a30Field(d, "dead_error"); de != want {
 				t.Errorf("path %q: %s dead_error %q; want %q", p, e.name, a32short([]string{de}), a32short([]string{want}))
 			}
 			for i := 0; i < len(d); i++ {
@@ -370,25 +360,25 @@ func TestAttack32_slowLink(t *testing.T) {
 			seen := map[string]bool{}
 			for _, d := range dead {
 				fs := d[1:]
-				src, _ := a32field(fs, "dead_entry_id")
+				src, _ := a30Field(fs, "dead_entry_id")
 				size, ok := huge[src]
 				if !ok || seen[src] {
 					t.Errorf("dead letter for %s (unknown or twice): %s", src, a32short(fs))
 					continue
 				}
 				seen[src] = true
-				if r, _ := a32field(fs, "dead_reason"); r != "malformed" {
+				if r, _ := a30Field(fs, "dead_reason"); r != "malformed" {
 					t.Errorf("%s: dead_reason %q", src, r)
 				}
-				if tr, _ := a32field(fs, "dead_truncated"); tr != strconv.Itoa(size) {
+				if tr, _ := a30Field(fs, "dead_truncated"); tr != strconv.Itoa(size) {
 					t.Errorf("%s: dead_truncated %q; want %d", src, tr, size)
 				}
 				if !hugeName {
 					want := stream.OversizeError(src, "h.a", size, 1<<20).Error()
-					if de, _ := a32field(fs, "dead_error"); de != want {
+					if de, _ := a30Field(fs, "dead_error"); de != want {
 						t.Errorf("%s: dead_error %q; want %q", src, de, want)
 					}
-				} else if de, _ := a32field(fs, "dead_error"); !strings.Contains(de, "over the limit of 1048576") || len(de) > 4096 {
+				} else if de, _ := a30Field(fs, "dead_error"); !strings.Contains(de, "over the limit of 1048576") || len(de) > 4096 {
 					t.Errorf("%s: dead_error %s; want an oversize error of at most 4 KiB", src, a32short([]string{de}))
 				}
 				for i, f := range fs {
