@@ -352,10 +352,7 @@ func TestAttack32_cutVerdict(t *testing.T) {
 					if r := e.read("c", 10); !slices.Equal(r, ids) {
 						t.Fatalf("read %v; want %v", r, ids)
 					}
-					es, del, err := claim.New(e.rdb, e.stream, group, "c", over).ReadOwn(e.ctx, "0", 100)
-					if err != nil {
-						t.Fatalf("ReadOwn: %v", err)
-					}
+					es, del := readOwnAll(t, claim.New(e.rdb, e.stream, group, "c", over), 100)
 					if len(del) > 0 {
 						t.Errorf("deleted %v; want none", del)
 					}
@@ -408,11 +405,7 @@ func TestAttack32_deletedWhilePending(t *testing.T) {
 					got = append(got, c.claimed...)
 				}
 			} else {
-				var err error
-				got, del, err = cl.ReadOwn(e.ctx, "0", 100)
-				if err != nil {
-					t.Fatal(err)
-				}
+				got, del = readOwnAll(t, cl, 100)
 			}
 			if !slices.Equal(del, []string{gone}) {
 				t.Errorf("deleted %v; want [%s]", del, gone)

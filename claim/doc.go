@@ -23,7 +23,8 @@
 // cut short, in the script that takes it ([Entry.Cut]): a reply never
 // carries it whole, so an entry too large to arrive within the client's
 // ReadTimeout cannot fail every sweep that meets it, and those of the
-// entries taken with it.
+// entries taken with it. The limit also bounds a reply: the script stops
+// taking entries once those it hands over add up to it.
 //
 // The package depends on go-redis only; the consumer package drives it.
 package claim

@@ -34,10 +34,16 @@ local function less(a, b)
   return #a < #b
 end
 
+-- bytes(f): the bytes of the names and values f holds.
+local function bytes(f)
+  local n = 0
+  for i = 1, #f do n = n + #f[i] end
+  return n
+end
+
 local function cut(f, limit, keepFields, keepBytes)
   if limit <= 0 then return nil end
-  local raw = 0
-  for i = 1, #f do raw = raw + #f[i] end
+  local raw = bytes(f)
   if raw <= limit then return nil end
   local last, size, field, longest = {}, 0, nil, -1
   for i = #f - 1, 1, -2 do

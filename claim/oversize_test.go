@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -63,16 +65,12 @@ func TestOversize_agreesWithDecode(t *testing.T) {
 			var got []claim.Entry
 			if path == "reclaim" {
 				c := claim.New(e.rdb, e.stream, group, "b", over)
-				if err := c.Sweep(e.ctx, 0, func(int) int { return 1000 }, func(_ int, claimed []claim.Entry, _ []string) {
-					got = append(got, claimed...)
-				}); err != nil {
-					t.Fatal(err)
+				e.age(stale, ids...)
+				for _, cl := range sweepAll(t, c, upTo(1000)) {
+					got = append(got, cl.claimed...)
 				}
 			} else {
-				var err error
-				if got, _, err = claim.New(e.rdb, e.stream, group, "a", over).ReadOwn(e.ctx, "0", 1000); err != nil {
-					t.Fatal(err)
-				}
+				got, _ = readOwnAll(t, claim.New(e.rdb, e.stream, group, "a", over), 1000)
 			}
 			if len(got) != len(all) {
 				t.Fatalf("%d entries handed over, want %d", len(got), len(all))
@@ -132,4 +130,138 @@ func recorded(f []string, o claim.Oversize) ([]string, int) {
 		out[i] = s[:min(len(s), o.KeepBytes)]
 	}
 	return out, n - len(kept)/2
+}
+
+func laterID(a, b string) string {
+	if stream.CompareIDs(a, b) < 0 {
+		return b
+	}
+	return a
+}
+
+// sweepAll sweeps with c (entries idle for the visibility timeout: age
+// them first) until a sweep claims nothing: with a size limit a sweep's
+// calls (MaxCallsPerSweep) may not cover every idle entry.
+func sweepAll(t *testing.T, c *claim.Claimer, take func(int) int) []sweepCall {
+	t.Helper()
+	var all []sweepCall
+	for {
+		calls := sweep(t, c, visibility, take)
+		if len(claimedIDs(calls)) == 0 && len(deletedIDs(calls)) == 0 {
+			return all
+		}
+		all = append(all, calls...)
+	}
+}
+
+// readOwnAll re-reads every own pending entry of c, count at a time, as the
+// consumer does: each call goes on after the last entry it got.
+func readOwnAll(t *testing.T, c *claim.Claimer, count int) ([]claim.Entry, []string) {
+	t.Helper()
+	var got []claim.Entry
+	var deleted []string
+	after := "0"
+	for {
+		es, del, err := c.ReadOwn(t.Context(), after, count)
+		if err != nil {
+			t.Fatalf("ReadOwn: %v", err)
+		}
+		if len(es) == 0 && len(del) == 0 {
+			return got, deleted
+		}
+		got, deleted = append(got, es...), append(deleted, del...)
+		for _, e := range es {
+			after = laterID(after, e.ID)
+		}
+		for _, id := range del {
+			after = laterID(after, id)
+		}
+	}
+}
+
+// With a size limit, a reclaim or re-read hands over entries within it
+// whole, but stops once those handed over add up to the limit: each reply
+// carries less than the limit plus one entry. The entries it did not hand
+// over were not touched (still the first reader's, delivered once), and
+// the next call (the rest of the sweep; the next ReadOwn) hands them over,
+// so every entry comes exactly once, after one delivery more.
+func TestOversize_replyBudget(t *testing.T) {
+	const limit, each, n = 10_000, 3_000, 12 // about 3 entries a reply
+	over := claim.Oversize{MaxBytes: limit, KeepFields: 1100, KeepBytes: 1024}
+	for _, path := range []string{"reclaim", "readown"} {
+		t.Run(path, func(t *testing.T) {
+			e := setup(t)
+			var ids []string
+			for i := range n {
+				id, err := e.rdb.XAdd(e.ctx, &redis.XAddArgs{Stream: e.stream, Values: []any{"n", strconv.Itoa(i), "payload", strings.Repeat("x", each)}}).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, id)
+			}
+			if err := e.rdb.XReadGroup(e.ctx, &redis.XReadGroupArgs{Group: group, Consumer: "a", Streams: []string{e.stream, ">"}, Count: n}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			var got []claim.Entry
+			c := claim.New(e.rdb, e.stream, group, map[string]string{"reclaim": "b", "readown": "a"}[path], over)
+			if path == "reclaim" {
+				e.age(stale, ids...)
+				calls := sweepAll(t, c, upTo(100))
+				for i, cl := range calls {
+					size := 0
+					for j, en := range cl.claimed {
+						if j == len(cl.claimed)-1 && size >= limit {
+							t.Errorf("call %d: %d bytes handed over before its last entry, over the limit %d", i, size, limit)
+						}
+						size += len(en.Field("payload"))
+					}
+					got = append(got, cl.claimed...)
+				}
+				if len(calls) < n*each/limit {
+					t.Errorf("%d calls for %d entries of %d bytes under a %d limit; want the replies cut by the limit", len(calls), n, each, limit)
+				}
+				// Before the rest is claimed, the first call leaves the
+				// others as they were: checked through the PEL below.
+			} else {
+				first, _, err := c.ReadOwn(e.ctx, "0", 100)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(first) == 0 || len(first)*each > limit+each {
+					t.Fatalf("first re-read handed over %d entries of %d bytes; want the reply cut by the %d limit", len(first), each, limit)
+				}
+				pend, err := e.rdb.XPendingExt(e.ctx, &redis.XPendingExtArgs{Stream: e.stream, Group: group, Start: "-", End: "+", Count: 100}).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range pend[len(first):] {
+					if p.RetryCount != 1 {
+						t.Errorf("entry %s not handed over yet was delivered again: %+v", p.ID, p)
+					}
+				}
+				rest, _ := readOwnAll(t, c, 100)
+				// readOwnAll starts again from "0": the first ones come again.
+				got = append(first, rest[len(first):]...)
+			}
+			var gotIDs []string
+			for _, en := range got {
+				gotIDs = append(gotIDs, en.ID)
+				if en.Cut != nil || len(en.Field("payload")) != each {
+					t.Errorf("entry %s handed over as %+v; want it whole", en.ID, en.Cut)
+				}
+			}
+			if !slices.Equal(gotIDs, ids) {
+				t.Fatalf("handed over %v; want each of %v once", gotIDs, ids)
+			}
+			pend, err := e.rdb.XPendingExt(e.ctx, &redis.XPendingExtArgs{Stream: e.stream, Group: group, Start: "-", End: "+", Count: 100}).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range pend {
+				if want := map[string]int64{"reclaim": 2, "readown": 2}[path]; p.RetryCount < want || (path == "reclaim" && p.RetryCount != want) {
+					t.Errorf("entry %s: %+v; want %d deliveries", p.ID, p, want)
+				}
+			}
+		})
+	}
 }

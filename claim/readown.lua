@@ -11,23 +11,35 @@
 --          short, deliveries, size, longest field, fields left out}
 -- Reading history counts as a delivery. Entries deleted while pending come
 -- back without a body: they are acknowledged here and returned as deleted.
-local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], ARGV[3])
-local out, deleted = {}, {}
-if not r then return {out, deleted} end
-for _, e in ipairs(r[1][2]) do
-  if e[2] then
-    local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
-    local n = 0
-    if #p == 1 then n = p[1][4] end
-    local c = cut(e[2], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
-    if c then
-      out[#out + 1] = {e[1], c[3], n, c[1], c[2], c[4]}
+-- With a size limit, entries are read one at a time and the reading stops
+-- once those handed over add up to the limit (as in reclaim.lua): the next
+-- call goes on after the last entry returned.
+local want, limit = tonumber(ARGV[4]), tonumber(ARGV[5])
+local step = want
+if limit > 0 then step = 1 end
+local after, out, deleted, sent = ARGV[3], {}, {}, 0
+for _ = 1, want do
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', step, 'STREAMS', KEYS[1], after)
+  local es = (r and r[1][2]) or {}
+  for _, e in ipairs(es) do
+    after = e[1]
+    if e[2] then
+      local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
+      local n = 0
+      if #p == 1 then n = p[1][4] end
+      local c = cut(e[2], limit, tonumber(ARGV[6]), tonumber(ARGV[7]))
+      if c then
+        out[#out + 1] = {e[1], c[3], n, c[1], c[2], c[4]}
+        sent = sent + bytes(c[3])
+      else
+        out[#out + 1] = {e[1], e[2], n}
+        sent = sent + bytes(e[2])
+      end
     else
-      out[#out + 1] = {e[1], e[2], n}
+      redis.call('XACK', KEYS[1], ARGV[1], e[1])
+      deleted[#deleted + 1] = e[1]
     end
-  else
-    redis.call('XACK', KEYS[1], ARGV[1], e[1])
-    deleted[#deleted + 1] = e[1]
   end
+  if step == want or #es < step or #out + #deleted >= want or sent >= limit then break end
 end
 return {out, deleted}

@@ -14,17 +14,34 @@
 -- a job that kills its worker every time is recognised by its delivery count.
 -- Deleted ids are entries trimmed or XDELed while pending; Redis 7 has already
 -- removed them from the pending-entries list.
-local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], 'COUNT', ARGV[5])
-local out = {}
-for _, e in ipairs(r[2]) do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
-  local n = 0
-  if #p == 1 then n = p[1][4] end
-  local c = e[2] and cut(e[2], tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
-  if c then
-    out[#out + 1] = {e[1], c[3], n, c[1], c[2], c[4]}
-  else
-    out[#out + 1] = {e[1], e[2], n}
+-- With a size limit, the entries are claimed one at a time and the claiming
+-- stops once those handed over add up to the limit: a reply carries less
+-- than the limit plus one entry (itself within the limit, or cut), so that
+-- entries of a few megabytes each, claimed together, cannot make every
+-- reply too slow for the client's ReadTimeout. Either way at most count
+-- XAUTOCLAIM calls scan at most 10 * count entries, as one call of COUNT
+-- count would.
+local want, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+local step = want
+if limit > 0 then step = 1 end
+local cursor, out, deleted, sent = ARGV[4], {}, {}, 0
+for _ = 1, want do
+  local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], cursor, 'COUNT', step)
+  cursor = r[1]
+  for _, e in ipairs(r[2]) do
+    local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
+    local n = 0
+    if #p == 1 then n = p[1][4] end
+    local c = e[2] and cut(e[2], limit, tonumber(ARGV[7]), tonumber(ARGV[8]))
+    if c then
+      out[#out + 1] = {e[1], c[3], n, c[1], c[2], c[4]}
+      sent = sent + bytes(c[3])
+    else
+      out[#out + 1] = {e[1], e[2], n}
+      sent = sent + bytes(e[2] or {})
+    end
   end
+  for _, d in ipairs(r[3] or {}) do deleted[#deleted + 1] = d end
+  if step == want or cursor == '0-0' or #out >= want or sent >= limit then break end
 end
-return {r[1], out, r[3] or {}}
+return {cursor, out, deleted}

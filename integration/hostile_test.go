@@ -576,3 +576,72 @@ func TestHostile_unreadableEntry(t *testing.T) {
 			d.Values["dead_reason"], d.Values["job_id"], len(fmt.Sprint(d.Values["payload"])), d.Values["dead_truncated"])
 	}
 }
+
+// Entries each within MaxEntryBytes but together too large for one reply to
+// arrive within the client's ReadTimeout on a slow link (six 5 MB jobs, a
+// link of 8 MB/s: 3.75 s for all six against go-redis's 3 s): the read that
+// delivered them fails; a reclaim ("reclaim") or the consumer's re-read of
+// its own pending entries after a restart ("own") hands them over in
+// replies of about MaxEntryBytes (8 MB here: two entries, 1.25 s), so each
+// runs once. (Claimed in one reply they failed every time and never ran.)
+func TestHostile_slowLinkReplyBudget(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"reclaim", "own"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t, redistest.Options{})
+			rdb := srv.Client(t)
+			ctx := context.Background()
+			const q, n, size = "budget", 6, 5 << 20
+			if err := rdb.XGroupCreateMkStream(ctx, q, "g", "0").Err(); err != nil {
+				t.Fatal(err)
+			}
+			var jobs []string
+			for i := range n {
+				id := fmt.Sprintf("j%d", i)
+				rawXADD(t, rdb, q, "*", "type", "t", "job_id", id, "payload", `"`+strings.Repeat("p", size)+`"`)
+				jobs = append(jobs, id)
+			}
+			if path == "own" {
+				if err := rdb.Do(ctx, "XREADGROUP", "GROUP", "g", "c", "COUNT", n, "STREAMS", q, ">").Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			px, err := faultproxy.Start(srv.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { px.Close() })
+			px.Throttle(8 << 20)
+			crdb := redis.NewClient(&redis.Options{Addr: px.Addr(), WriteTimeout: 30 * time.Second})
+			t.Cleanup(func() { crdb.Close() })
+			h := runHostile(t, crdb, q, consumer.Config{MaxEntryBytes: 8 << 20, VisibilityTimeout: 3 * time.Second,
+				SweepInterval: 500 * time.Millisecond})
+			eventually(t, 2*time.Minute, func() (bool, string) {
+				ran := 0
+				for _, id := range jobs {
+					ran += min(h.ran(id), 1)
+				}
+				pending := rdb.XPending(ctx, q, "g").Val()
+				return ran == n && pending != nil && pending.Count == 0, fmt.Sprintf("%d of %d jobs ran, pending %+v", ran, n, pending)
+			})
+			// Each entry is reclaimed once on the reclaim path, never on the
+			// other. More reclaims mean a stall of the consumer past the 3 s
+			// visibility timeout: each may run an entry twice.
+			st := h.c.Stats()
+			stalled := int(st.Reclaimed)
+			if path == "reclaim" {
+				stalled = max(stalled-n, 0)
+			}
+			twice := 0
+			for _, id := range jobs {
+				if k := h.ran(id); k == 2 && twice < stalled {
+					twice++
+					t.Logf("job %s ran twice, after one of %d reclaims past those expected", id, stalled)
+				} else if k != 1 {
+					t.Errorf("job %s ran %d times, want once (stats %+v)", id, k, st)
+				}
+			}
+		})
+	}
+}
