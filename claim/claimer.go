@@ -77,12 +77,16 @@ type Cut struct {
 type Oversize struct {
 	// MaxBytes is the size limit; 0 hands every entry over whole. It is
 	// also the reply's budget: a reclaim or re-read stops taking entries
-	// once those it hands over add up to MaxBytes, so that a reply carries
+	// once the bytes of the names and values it hands over (as handed
+	// over: whole, or cut) add up to MaxBytes, so that a reply carries
 	// less than MaxBytes plus one entry; the next call (the rest of the
 	// sweep, the next ReadOwn) takes the others, which were not touched.
-	// (An entry's size counts each name once, with its last value: one
-	// within the limit only because the earlier values of its repeated
-	// names do not count is handed over whole, all of them included.)
+	// That one entry is bounded by the limit only by its size as counted,
+	// each name once with its last value: one within the limit only
+	// because the earlier values of its repeated names do not count is
+	// handed over whole, all of them included, however large. And a cut
+	// entry holds up to KeepFields names and values of KeepBytes each,
+	// whatever MaxBytes is.
 	MaxBytes int
 	// KeepFields and KeepBytes say what is kept of an entry over it; 0
 	// keeps nothing of it (no fields, only its Cut). The consumer keeps
