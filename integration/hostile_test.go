@@ -519,8 +519,10 @@ func infoInt(t *testing.T, rdb *redis.Client, section, key string) int64 {
 }
 
 // An entry too large for the reply that carries it to arrive within the
-// client's ReadTimeout (a slow link: here a proxy throttled to 4 MB/s and a
-// 40 MB entry, 10 s against go-redis's 3 s): the read that delivered it
+// client's ReadTimeout (a slow link: here a proxy throttled to 2 MB/s and a
+// 40 MB entry, 20 s against a ReadTimeout of 8 s, which leaves the reclaim
+// script, which copies the entry in Redis, time on a loaded machine, where a
+// 3 s ReadTimeout was seen to run out): the read that delivered it
 // fails, so it and the entries read with it wait for the visibility
 // timeout; then the reclaim hands it over cut short (claim.Cut), so it is
 // dead-lettered as oversize, with its size, and the others run, each once;
@@ -529,7 +531,9 @@ func infoInt(t *testing.T, rdb *redis.Client, section, key string) int64 {
 func TestHostile_unreadableEntry(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
-	rdb := srv.Client(t)
+	// Writing 40 MB beside busy loops can take longer than go-redis's 3 s,
+	// and a retried XADD would add the entry twice.
+	rdb := srv.Client(t, func(o *redis.Options) { o.ReadTimeout, o.WriteTimeout, o.MaxRetries = time.Minute, time.Minute, -1 })
 	ctx := context.Background()
 	const q = "slow"
 	keys, _ := stream.KeysFor(q)
@@ -551,10 +555,16 @@ func TestHostile_unreadableEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { px.Close() })
-	px.Throttle(4 << 20)
-	crdb := redis.NewClient(&redis.Options{Addr: px.Addr(), WriteTimeout: 30 * time.Second})
+	px.Throttle(2 << 20)
+	crdb := redis.NewClient(&redis.Options{Addr: px.Addr(), ReadTimeout: 8 * time.Second, WriteTimeout: 30 * time.Second})
 	t.Cleanup(func() { crdb.Close() })
 	logs := &syncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			l := logs.String()
+			t.Logf("consumer log (last 4 KiB):\n%s", l[max(len(l)-4096, 0):])
+		}
+	})
 	h := runHostile(t, crdb, q, consumer.Config{VisibilityTimeout: 3 * time.Second, SweepInterval: 500 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	eventually(t, 2*time.Minute, func() (bool, string) {
@@ -568,7 +578,7 @@ func TestHostile_unreadableEntry(t *testing.T) {
 			fmt.Sprintf("%d of %d jobs ran, %d dead letters, pending %+v", ran, len(small), dead, pending)
 	})
 	if !strings.Contains(logs.String(), "i/o timeout") {
-		t.Fatalf("precondition: no read timed out; the 40 MB entry came through a 4 MB/s link within the ReadTimeout?")
+		t.Fatalf("precondition: no read timed out; the 40 MB entry came through a 2 MB/s link within the ReadTimeout?")
 	}
 	// The 9 entries of the read that timed out are reclaimed once. More
 	// reclaims mean the machine stalled the consumer past the 3 s
@@ -600,7 +610,10 @@ func TestHostile_slowLinkReplyBudget(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.Start(t, redistest.Options{})
-			rdb := srv.Client(t)
+			// 30 MB to write and, on the "own" path, to read: beside busy
+			// loops longer than go-redis's 3 s, and a retried command would
+			// add an entry twice or read nothing.
+			rdb := srv.Client(t, func(o *redis.Options) { o.ReadTimeout, o.WriteTimeout, o.MaxRetries = time.Minute, time.Minute, -1 })
 			ctx := context.Background()
 			const q, n, size = "budget", 6, 5 << 20
 			if err := rdb.XGroupCreateMkStream(ctx, q, "g", "0").Err(); err != nil {
@@ -613,10 +626,7 @@ func TestHostile_slowLinkReplyBudget(t *testing.T) {
 				jobs = append(jobs, id)
 			}
 			if path == "own" {
-				// 30 MB to read: under -race on a loaded machine longer than
-				// go-redis's 3 s, and a retried XREADGROUP would get nothing.
-				slow := srv.Client(t, func(o *redis.Options) { o.ReadTimeout, o.MaxRetries = time.Minute, -1 })
-				if err := slow.Do(ctx, "XREADGROUP", "GROUP", "g", "c", "COUNT", n, "STREAMS", q, ">").Err(); err != nil {
+				if err := rdb.Do(ctx, "XREADGROUP", "GROUP", "g", "c", "COUNT", n, "STREAMS", q, ">").Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
