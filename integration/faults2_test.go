@@ -45,78 +45,85 @@ func TestFault_redisOutage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			srv := redistest.Start(t, redistest.Options{AOF: "always"})
-			s := newScenario(t, srv.Client(t), srv.Addr())
-			const n = 300
-			jobs := s.enqueue(n, behaviour{SleepMS: 5})
-			workers := []*worker{
-				s.worker("a", workerOpts{Concurrency: 2}),
-				s.worker("b", workerOpts{Concurrency: 2}),
-			}
-			distinct := func(event string) map[string]int { return countEvents(readLedger(t, s.ledger), event) }
-			eventually(t, 20*time.Second, func() (bool, string) {
-				d := len(distinct("effect"))
-				return d >= 100, fmt.Sprintf("%d jobs done before the fault, want 100", d)
-			})
+			// Jobs of 5 ms: on a quiet machine all 300 may be done before the
+			// fault, which then hits no work; the run is repeated with slower
+			// jobs.
+			redistest.Widen(t, "sleep", 5*time.Millisecond, func(t *testing.T, sleep time.Duration) (wider time.Duration) {
+				srv := redistest.Start(t, redistest.Options{AOF: "always"})
+				s := newScenario(t, srv.Client(t), srv.Addr())
+				const n = 300
+				jobs := s.enqueue(n, behaviour{SleepMS: int(sleep.Milliseconds())})
+				workers := []*worker{
+					s.worker("a", workerOpts{Concurrency: 2}),
+					s.worker("b", workerOpts{Concurrency: 2}),
+				}
+				distinct := func(event string) map[string]int { return countEvents(readLedger(t, s.ledger), event) }
+				eventually(t, 20*time.Second, func() (bool, string) {
+					d := len(distinct("effect"))
+					return d >= 100, fmt.Sprintf("%d jobs done before the fault, want 100", d)
+				})
 
-			downAt := time.Now()
-			tc.fault(srv)
-			upAt := time.Now()
-			ledger := readLedger(t, s.ledger)
-			startedBefore := countEvents(ledger, "start")
-			doneBefore := len(countEvents(ledger, "effect"))
-			t.Logf("Redis down %v; %d of %d jobs had started, %d were done", upAt.Sub(downAt).Round(time.Millisecond), len(startedBefore), n, doneBefore)
-			if len(startedBefore) >= n {
-				t.Fatalf("all %d jobs had started before Redis came back: the fault hit no work; make the jobs slower", n)
-			}
+				downAt := time.Now()
+				tc.fault(srv)
+				upAt := time.Now()
+				ledger := readLedger(t, s.ledger)
+				startedBefore := countEvents(ledger, "start")
+				doneBefore := len(countEvents(ledger, "effect"))
+				t.Logf("Redis down %v; %d of %d jobs had started, %d were done", upAt.Sub(downAt).Round(time.Millisecond), len(startedBefore), n, doneBefore)
+				if len(startedBefore) >= n {
+					t.Logf("all %d jobs had started before Redis came back: the fault hit no work; running again with slower jobs", n)
+					return 2 * sleep
+				}
 
-			// Resumed: a job that had not started when Redis came back is
-			// done.
-			eventually(t, 15*time.Second, func() (bool, string) {
-				for id := range distinct("effect") {
-					if startedBefore[id] == 0 {
-						return true, ""
+				// Resumed: a job that had not started when Redis came back is
+				// done.
+				eventually(t, 15*time.Second, func() (bool, string) {
+					for id := range distinct("effect") {
+						if startedBefore[id] == 0 {
+							return true, ""
+						}
+					}
+					return false, "no new job done since Redis came back"
+				})
+				t.Logf("processing resumed %v after Redis came back", time.Since(upAt).Round(time.Millisecond))
+
+				eventually(t, 30*time.Second, func() (bool, string) {
+					effects := distinct("effect")
+					for _, id := range jobs {
+						if effects[id] == 0 {
+							return false, fmt.Sprintf("job %s has no effect (%d of %d done)", id, len(effects), n)
+						}
+					}
+					return s.pending("g") == 0, fmt.Sprintf("pending = %d", s.pending("g"))
+				})
+				t.Logf("all %d jobs done %v after Redis came back", n, time.Since(upAt).Round(time.Millisecond))
+				if d := s.dead(); len(d) != 0 {
+					t.Errorf("%d dead-lettered entries; want none: %v", len(d), d[0])
+				}
+				dups := 0
+				for _, c := range distinct("effect") {
+					dups += c - 1
+				}
+				t.Logf("%d repeated effects (jobs run again after a lost ack or reclaim)", dups)
+				for _, w := range workers {
+					select {
+					case <-w.done:
+						t.Fatalf("worker %s exited: %v", w.name, w.err)
+					default:
+					}
+					w.term()
+					if err := w.wait(10 * time.Second); err != nil {
+						t.Errorf("worker %s exit: %v", w.name, err)
+					}
+					st, _ := w.stats()
+					t.Logf("worker %s stats %+v", w.name, st)
+					// Backoff, not a hot loop: about 8 failed reads in 5 s.
+					if st.ReadErrors > 40 {
+						t.Errorf("worker %s: %d read errors; want the read loop to back off", w.name, st.ReadErrors)
 					}
 				}
-				return false, "no new job done since Redis came back"
+				return 0
 			})
-			t.Logf("processing resumed %v after Redis came back", time.Since(upAt).Round(time.Millisecond))
-
-			eventually(t, 30*time.Second, func() (bool, string) {
-				effects := distinct("effect")
-				for _, id := range jobs {
-					if effects[id] == 0 {
-						return false, fmt.Sprintf("job %s has no effect (%d of %d done)", id, len(effects), n)
-					}
-				}
-				return s.pending("g") == 0, fmt.Sprintf("pending = %d", s.pending("g"))
-			})
-			t.Logf("all %d jobs done %v after Redis came back", n, time.Since(upAt).Round(time.Millisecond))
-			if d := s.dead(); len(d) != 0 {
-				t.Errorf("%d dead-lettered entries; want none: %v", len(d), d[0])
-			}
-			dups := 0
-			for _, c := range distinct("effect") {
-				dups += c - 1
-			}
-			t.Logf("%d repeated effects (jobs run again after a lost ack or reclaim)", dups)
-			for _, w := range workers {
-				select {
-				case <-w.done:
-					t.Fatalf("worker %s exited: %v", w.name, w.err)
-				default:
-				}
-				w.term()
-				if err := w.wait(10 * time.Second); err != nil {
-					t.Errorf("worker %s exit: %v", w.name, err)
-				}
-				st, _ := w.stats()
-				t.Logf("worker %s stats %+v", w.name, st)
-				// Backoff, not a hot loop: about 8 failed reads in 5 s.
-				if st.ReadErrors > 40 {
-					t.Errorf("worker %s: %d read errors; want the read loop to back off", w.name, st.ReadErrors)
-				}
-			}
 		})
 	}
 }
