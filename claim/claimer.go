@@ -42,7 +42,13 @@ type Entry struct {
 	ID string
 	// Fields are the entry's field names and values as Redis holds them:
 	// name, value, name, value ..., in the entry's order, a name given
-	// twice kept twice; nil for an entry deleted while pending.
+	// twice kept twice; nil for an entry deleted while pending. With a
+	// size limit ([Oversize].MaxBytes), an entry whose names and values
+	// add up to more than the limit, but which is within it as
+	// [stream.DecodeFields] counts it (each name once, with its last
+	// value), comes with one value per name, its last, in the order of
+	// those last values: what decoding reads, without the earlier values
+	// of names given again that would make it larger than the limit.
 	Fields []string
 	// Deliveries is the entry's delivery count, this delivery included.
 	Deliveries int
@@ -81,12 +87,9 @@ type Oversize struct {
 	// over: whole, or cut) add up to MaxBytes, so that a reply carries
 	// less than MaxBytes plus one entry; the next call (the rest of the
 	// sweep, the next ReadOwn) takes the others, which were not touched.
-	// That one entry is bounded by the limit only by its size as counted,
-	// each name once with its last value: one within the limit only
-	// because the earlier values of its repeated names do not count is
-	// handed over whole, all of them included, however large. And a cut
-	// entry holds up to KeepFields names and values of KeepBytes each,
-	// whatever MaxBytes is.
+	// That one entry is within MaxBytes as handed over (see
+	// [Entry.Fields]), except a cut entry, which holds up to KeepFields
+	// names and values of KeepBytes each, whatever MaxBytes is.
 	MaxBytes int
 	// KeepFields and KeepBytes say what is kept of an entry over it; 0
 	// keeps nothing of it (no fields, only its Cut). The consumer keeps

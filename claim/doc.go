@@ -23,7 +23,10 @@
 // cut short, in the script that takes it ([Entry.Cut]): a reply never
 // carries it whole, so an entry too large to arrive within the client's
 // ReadTimeout cannot fail every sweep that meets it, and those of the
-// entries taken with it. The limit also bounds a reply: the script stops
+// entries taken with it. An entry larger than the limit only by the
+// earlier values of names it gives again (within it as
+// stream.DecodeFields counts) is handed over with one value per name, its
+// last ([Entry.Fields]). The limit also bounds a reply: the script stops
 // taking entries once those it hands over add up to it.
 //
 // The package depends on go-redis only; the consumer package drives it.

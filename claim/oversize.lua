@@ -1,20 +1,26 @@
--- oversize.lua: an entry over the consumer's size limit is handed over cut
--- short, so that a reply never carries it whole: a reply slower than the
+-- oversize.lua: what a reply hands over of an entry: an entry over the
+-- consumer's size limit cut short, and no entry larger than the limit
+-- whole, so that a reply never carries one: a reply slower than the
 -- client's ReadTimeout fails every time, and the entry and those claimed
 -- with it would never settle. Put in front of reclaim.lua and readown.lua.
--- cut(f, limit, keepFields, keepBytes): nil for an entry (f: names and
--- values in order) within limit (or limit 0), else {size, field, fields,
--- left}:
---   size   its size as stream.DecodeFields counts it: each name once, with
---          its last value, #name + #value
---   field  the name of its longest last value, the smallest name (in byte
+-- hand(f, limit, keepFields, keepBytes) returns the fields to hand over of
+-- an entry (f: names and values in order), and nil or, for an entry over
+-- the limit, {size, field, left}:
+--   within limit (or limit 0), counting every name and value: f itself;
+--   within it only as stream.DecodeFields counts (each name once, with its
+--          last value): one value per name, its last, in the order of those
+--          last values (what decoding reads; the earlier values of a name
+--          given again, which would carry the entry past the limit, are
+--          left out);
+--   over it: size, its size as stream.DecodeFields counts it; field, the
+--          name of its longest last value, the smallest name (in byte
 --          order, as Go compares) among equals, cut to keepBytes:
---          stream.OversizeError's field
---   fields what its dead letter records (consumer/deadletter.go): every
---          field in order when there are at most keepFields, else one per
---          name (its last value), the first keepFields names in the order
---          they first come; each name and value cut to keepBytes
---   left   the fields left out
+--          stream.OversizeError's field; the fields handed over are what
+--          its dead letter records (consumer/deadletter.go): every field in
+--          order when there are at most keepFields, else one per name (its
+--          last value), the first keepFields names in the order they first
+--          come; each name and value cut to keepBytes; left, the fields
+--          left out.
 -- The work is bounded by the entry, which Redis holds already; an entry
 -- within the limit costs one pass adding up lengths.
 local function less(a, b)
@@ -41,27 +47,34 @@ local function bytes(f)
   return n
 end
 
-local function cut(f, limit, keepFields, keepBytes)
-  if limit <= 0 then return nil end
-  local raw = bytes(f)
-  if raw <= limit then return nil end
-  local last, size, field, longest = {}, 0, nil, -1
+local function hand(f, limit, keepFields, keepBytes)
+  if limit <= 0 or bytes(f) <= limit then return f, nil end
+  local lastAt, size, field, longest = {}, 0, nil, -1
   for i = #f - 1, 1, -2 do
     local name, v = f[i], f[i + 1]
-    if last[name] == nil then
-      last[name] = v
+    if lastAt[name] == nil then
+      lastAt[name] = i
       size = size + #name + #v
       if #v > longest or (#v == longest and less(name, field)) then
         field, longest = name, #v
       end
     end
   end
-  if size <= limit then return nil end
+  local out = {}
+  if size <= limit then
+    for i = 1, #f, 2 do
+      if lastAt[f[i]] == i then
+        out[#out + 1] = f[i]
+        out[#out + 1] = f[i + 1]
+      end
+    end
+    return out, nil
+  end
   field = string.sub(field, 1, keepBytes)
-  local out, n = {}, #f / 2
+  local n = #f / 2
   if n <= keepFields then
     for i = 1, #f do out[i] = string.sub(f[i], 1, keepBytes) end
-    return {size, field, out, 0}
+    return out, {size, field, 0}
   end
   local taken = {}
   for i = 1, #f, 2 do
@@ -70,8 +83,8 @@ local function cut(f, limit, keepFields, keepBytes)
     if not taken[name] then
       taken[name] = true
       out[#out + 1] = string.sub(name, 1, keepBytes)
-      out[#out + 1] = string.sub(last[name], 1, keepBytes)
+      out[#out + 1] = string.sub(f[lastAt[name] + 1], 1, keepBytes)
     end
   end
-  return {size, field, out, n - #out / 2}
+  return out, {size, field, n - #out / 2}
 end

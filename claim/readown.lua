@@ -8,7 +8,9 @@
 --          kept of an entry over it (oversize.lua, put in front)
 -- Returns  {{{id, {field, value, ...}, deliveries}, ...}, {deleted id, ...}};
 --          an entry over the size limit is {id, {field, value, ...} cut
---          short, deliveries, size, longest field, fields left out}
+--          short, deliveries, size, longest field, fields left out}, and an entry
+--          larger than the limit only by the earlier values of names it gives
+--          again comes with one value per name, its last (oversize.lua)
 -- Reading history counts as a delivery. Entries deleted while pending come
 -- back without a body: they are acknowledged here and returned as deleted.
 -- With a size limit, entries are read one at a time and the reading stops
@@ -27,14 +29,13 @@ for _ = 1, want do
       local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
       local n = 0
       if #p == 1 then n = p[1][4] end
-      local c = cut(e[2], limit, tonumber(ARGV[6]), tonumber(ARGV[7]))
-      if c then
-        out[#out + 1] = {e[1], c[3], n, c[1], c[2], c[4]}
-        sent = sent + bytes(c[3])
+      local f, over = hand(e[2], limit, tonumber(ARGV[6]), tonumber(ARGV[7]))
+      if over then
+        out[#out + 1] = {e[1], f, n, over[1], over[2], over[3]}
       else
-        out[#out + 1] = {e[1], e[2], n}
-        sent = sent + bytes(e[2])
+        out[#out + 1] = {e[1], f, n}
       end
+      sent = sent + bytes(f)
     else
       redis.call('XACK', KEYS[1], ARGV[1], e[1])
       deleted[#deleted + 1] = e[1]

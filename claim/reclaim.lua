@@ -9,7 +9,9 @@
 --          kept of an entry over it (oversize.lua, put in front)
 -- Returns  {next cursor, {{id, {field, value, ...}, deliveries}, ...}, {deleted id, ...}};
 --          an entry over the size limit is {id, {field, value, ...} cut
---          short, deliveries, size, longest field, fields left out}
+--          short, deliveries, size, longest field, fields left out}, and an entry
+--          larger than the limit only by the earlier values of names it gives
+--          again comes with one value per name, its last (oversize.lua)
 -- XAUTOCLAIM runs without JUSTID so that every reclaim counts as a delivery:
 -- a job that kills its worker every time is recognised by its delivery count.
 -- Deleted ids are entries trimmed or XDELed while pending; Redis 7 has already
@@ -32,13 +34,16 @@ for _ = 1, want do
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
     local n = 0
     if #p == 1 then n = p[1][4] end
-    local c = e[2] and cut(e[2], limit, tonumber(ARGV[7]), tonumber(ARGV[8]))
-    if c then
-      out[#out + 1] = {e[1], c[3], n, c[1], c[2], c[4]}
-      sent = sent + bytes(c[3])
+    if e[2] then
+      local f, over = hand(e[2], limit, tonumber(ARGV[7]), tonumber(ARGV[8]))
+      if over then
+        out[#out + 1] = {e[1], f, n, over[1], over[2], over[3]}
+      else
+        out[#out + 1] = {e[1], f, n}
+      end
+      sent = sent + bytes(f)
     else
       out[#out + 1] = {e[1], e[2], n}
-      sent = sent + bytes(e[2] or {})
     end
   end
   for _, d in ipairs(r[3] or {}) do deleted[#deleted + 1] = d end

@@ -524,12 +524,28 @@ func infoInt(t *testing.T, rdb *redis.Client, section, key string) int64 {
 // script, which copies the entry in Redis, time on a loaded machine, where a
 // 3 s ReadTimeout was seen to run out): the read that delivered it
 // fails, so it and the entries read with it wait for the visibility
-// timeout; then the reclaim hands it over cut short (claim.Cut), so it is
-// dead-lettered as oversize, with its size, and the others run, each once;
-// nothing stays pending. (A reclaim that carried it whole failed the same
-// way every time, and none of those entries ever settled.)
+// timeout; then the reclaim hands it over so that its reply is small and
+// the others run, each once; nothing stays pending. (A reclaim that
+// carried it whole failed the same way every time, and none of those
+// entries ever settled.) Two shapes:
+//   - "oversize": its payload is 40 MB, over MaxEntryBytes: it is handed
+//     over cut short (claim.Cut) and dead-lettered as oversize, with its
+//     size;
+//   - "repeated": 40 MB of earlier values of payload, and a last one of 2
+//     bytes: within MaxEntryBytes as decoding counts (the last value of a
+//     name), so a job. It is handed over with one value per name (its
+//     last: claim.Entry.Fields) and runs once; no dead letter.
 func TestHostile_unreadableEntry(t *testing.T) {
 	t.Parallel()
+	for _, shape := range []string{"oversize", "repeated"} {
+		t.Run(shape, func(t *testing.T) {
+			t.Parallel()
+			unreadableEntry(t, shape)
+		})
+	}
+}
+
+func unreadableEntry(t *testing.T, shape string) {
 	srv := redistest.Start(t, redistest.Options{})
 	// Writing 40 MB beside busy loops can take longer than go-redis's 3 s,
 	// and a retried XADD would add the entry twice.
@@ -544,7 +560,12 @@ func TestHostile_unreadableEntry(t *testing.T) {
 	var small []string
 	for i := range 8 {
 		if i == 4 {
-			rawXADD(t, rdb, q, "*", "type", "t", "job_id", "huge", "payload", strings.Repeat("p", size))
+			if shape == "oversize" {
+				rawXADD(t, rdb, q, "*", "type", "t", "job_id", "huge", "payload", strings.Repeat("p", size))
+			} else {
+				rawXADD(t, rdb, q, "*", "payload", strings.Repeat("p", size/2), "type", "t", "job_id", "huge",
+					"payload", strings.Repeat("q", size/2), "payload", "{}")
+			}
 		}
 		id := fmt.Sprintf("s%d", i)
 		rawXADD(t, rdb, q, "*", "type", "t", "job_id", id, "payload", "{}")
@@ -567,15 +588,19 @@ func TestHostile_unreadableEntry(t *testing.T) {
 	})
 	h := runHostile(t, crdb, q, consumer.Config{VisibilityTimeout: 3 * time.Second, SweepInterval: 500 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	jobs, wantDead := small, int64(1)
+	if shape == "repeated" {
+		jobs, wantDead = append(slices.Clone(small), "huge"), 0
+	}
 	eventually(t, 2*time.Minute, func() (bool, string) {
 		ran := 0
-		for _, id := range small {
+		for _, id := range jobs {
 			ran += min(h.ran(id), 1)
 		}
 		dead := rdb.XLen(ctx, keys.Dead).Val()
 		pending := rdb.XPending(ctx, q, "g").Val()
-		return ran == len(small) && dead == 1 && pending != nil && pending.Count == 0,
-			fmt.Sprintf("%d of %d jobs ran, %d dead letters, pending %+v", ran, len(small), dead, pending)
+		return ran == len(jobs) && dead == wantDead && pending != nil && pending.Count == 0,
+			fmt.Sprintf("%d of %d jobs ran, %d dead letters, pending %+v", ran, len(jobs), dead, pending)
 	})
 	if !strings.Contains(logs.String(), "i/o timeout") {
 		t.Fatalf("precondition: no read timed out; the 40 MB entry came through a 2 MB/s link within the ReadTimeout?")
@@ -585,7 +610,13 @@ func TestHostile_unreadableEntry(t *testing.T) {
 	// visibility timeout (seen in a whole-suite run beside other tests):
 	// each such entry may run twice, as at-least-once allows after a lost
 	// lease. That widens the check by that many jobs, never beyond.
-	h.ranOnce(t, small, 9)
+	h.ranOnce(t, jobs, 9)
+	if shape == "repeated" {
+		if n := rdb.XLen(ctx, keys.Dead).Val(); n != 0 {
+			t.Errorf("%d dead letters; want none", n)
+		}
+		return
+	}
 	if n := h.ran("huge"); n != 0 {
 		t.Errorf("the oversize job ran %d times", n)
 	}
