@@ -399,6 +399,7 @@ func TestAttack11Settle_redisFullQueued(t *testing.T) {
 // batches, SCRIPT FLUSH runs every few milliseconds, and Redis (AOF always)
 // is SIGKILLed and restarted twice. Nothing lost, nothing doubled.
 func TestAttack11Settle_scriptFlushAndRestart(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{AOF: "always"})
 	rdb := srv.Client(t)
 	admin := srv.Client(t)
@@ -448,6 +449,7 @@ func s11Cli(t *testing.T, args ...string) string {
 // whatever the others do; the stolen ones are not settled by this consumer
 // (no retry entry, no dead letter, still pending under the thief).
 func TestAttack11Settle_mixedBatchDeletedStolen(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	ctx := context.Background()
 	r := newS11Rig(t, rdb, 3)
@@ -613,6 +615,7 @@ func TestAttack11Settle_deadLetterMaxLen(t *testing.T) {
 // settle every finished job before it returns (nothing finished left
 // pending), within its deadline.
 func TestAttack11Settle_shutdownFlushes(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t)
 	ctx := context.Background()

@@ -246,6 +246,7 @@ func a16sLeftOut(t *testing.T, rdb redis.UniversalClient, rounds int) []time.Dur
 }
 
 func TestAttack16Shared_leftOutQueueLatency(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	lat := a16sLeftOut(t, rdb, 5)
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
@@ -256,6 +257,7 @@ func TestAttack16Shared_leftOutQueueLatency(t *testing.T) {
 // blocks (docs: 100 ms), so the left-out queue's backlog still does not wait
 // for Block.
 func TestAttack16Shared_leftOutNoClientPermission(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	admin := srv.Client(t)
 	ctx := context.Background()
@@ -277,6 +279,7 @@ func TestAttack16Shared_leftOutNoClientPermission(t *testing.T) {
 // Killing the blocked connections (CLIENT KILL) must not lose or double a job,
 // and the reads come back to three blocked connections.
 func TestAttack16Shared_connectionsAndClientKill(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	admin := srv.Client(t)
 	rdb := srv.Client(t)
@@ -351,6 +354,7 @@ func TestAttack16Shared_connectionsAndClientKill(t *testing.T) {
 // --- PoolSize rule, before Redis is touched ------------------------------
 
 func TestAttack16Shared_poolSizeRefusedBeforeRedis(t *testing.T) {
+	t.Parallel()
 	// A port that nothing listens on.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -408,6 +412,7 @@ func TestAttack16Shared_poolSizeRefusedBeforeRedis(t *testing.T) {
 // --- weights and strict priority with shared reads ------------------------
 
 func TestAttack16Shared_weightedShared(t *testing.T) {
+	t.Parallel()
 	for _, small := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lowQueueNoPrefetch=%v", small), func(t *testing.T) {
 			// Starts follow the weights only while every queue has jobs read
@@ -479,6 +484,7 @@ func a16sWeighted(t *testing.T, small bool, job time.Duration) (wider time.Durat
 }
 
 func TestAttack16Shared_strictShared(t *testing.T) {
+	t.Parallel()
 	for _, shared := range []bool{true, false} {
 		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
 			// A queue whose reads fall behind leaves gaps the docs allow: a
@@ -574,6 +580,7 @@ func a16sStrict(t *testing.T, shared bool, job time.Duration) (wider time.Durati
 // read blocks: the other queues keep their jobs flowing, and the damaged
 // queue resumes (its group recreated from 0).
 func TestAttack16Shared_hostileUnderSharedRead(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, name+"*") })
@@ -697,6 +704,7 @@ func TestAttack16Shared_hostileUnderSharedRead(t *testing.T) {
 // the other queues of its read group must not be starved silently while the
 // pool runs on; if the pool stops, its error must name the wrong stream.
 func TestAttack16Shared_wrongTypeKey(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := redistest.Name(t)
 	t.Cleanup(func() { redistest.DeleteKeys(rdb, name+"*") })
@@ -773,6 +781,7 @@ func TestAttack16Shared_wrongTypeKey(t *testing.T) {
 // --- Redis restarted -------------------------------------------------------
 
 func TestAttack16Shared_redisRestart(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	admin := srv.Client(t)
 	rdb := srv.Client(t)
@@ -874,6 +883,7 @@ func a16sCli(t testing.TB, addr string, args ...string) string {
 // between) while jobs keep coming, then assigned to the new master: every job
 // runs once, and the read ends up blocking on the new master.
 func TestAttack16Shared_clusterSlotMigrates(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	c := cl.Client(t)
 	ctx := context.Background()
@@ -968,6 +978,7 @@ func TestAttack16Shared_clusterSlotMigrates(t *testing.T) {
 // the tag resume on the new master; a queue on another master is not
 // stopped by the other read group's failure.
 func TestAttack16Shared_clusterMasterKilled(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartClusterReplicas(t, 3, 1)
 	c := cl.Client(t, func(o *redis.ClusterOptions) {
 		o.ClusterStateReloadInterval = 500 * time.Millisecond

@@ -193,6 +193,7 @@ func (o *a21Outcomes) outcome(j *stream.Job) error {
 // entry of a batch or the batch as a whole, a settlement that trusts the
 // consumer's local view of ownership.
 func TestAttack21_StaleMixedBatch(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"stolen", "cutoff"} {
 		t.Run(mode, func(t *testing.T) { a21StaleMixed(t, mode == "cutoff") })
 	}
@@ -408,6 +409,7 @@ func a21JobIDs(msgs []redis.XMessage) map[string]int {
 // Catches: deletion that looks at the settling group only, at lag but not at
 // pending entries, or at pending but not at unread entries.
 func TestAttack21_RetentionLaggingGroups(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	s := redistest.Name(t)
 	t.Cleanup(func() { rdb.Del(context.Background(), s); redistest.DeleteKeys(rdb, "{"+s+"}:*") })
@@ -514,6 +516,7 @@ func TestAttack21_RetentionLaggingGroups(t *testing.T) {
 // Catches: a MINID trim past a pending entry (the long job lost), or a
 // retention that keeps everything after the oldest pending entry.
 func TestAttack21_RetentionLongJob(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	s := redistest.Name(t)
 	t.Cleanup(func() { rdb.Del(context.Background(), s); redistest.DeleteKeys(rdb, "{"+s+"}:*") })
@@ -601,6 +604,7 @@ func TestAttack21_RetentionLongJob(t *testing.T) {
 // Catches: a worker that starts queued jobs without looking at the pause, a
 // parked job whose lease is not extended (reclaimed, a suspect).
 func TestAttack21_PauseHoldsPrefetched(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	s := redistest.Name(t)
 	t.Cleanup(func() { rdb.Del(context.Background(), s); redistest.DeleteKeys(rdb, "{"+s+"}:*") })
@@ -695,6 +699,7 @@ func TestAttack21_PauseHoldsPrefetched(t *testing.T) {
 //
 // Catches: a worker that starts a queued job without checking its lease.
 func TestAttack21_QueuedLeaseEnded(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t)
 	proxy, err := faultproxy.Start(srv.Addr())
@@ -764,6 +769,7 @@ func TestAttack21_QueuedLeaseEnded(t *testing.T) {
 // filtered by consumer, which would refuse the far entries as stale (they
 // then run again after the visibility timeout: doubled).
 func TestAttack21_BatchAcrossPendingGap(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"same", "other"} {
 		t.Run(mode, func(t *testing.T) { a21Gap(t, mode == "other") })
 	}
@@ -871,6 +877,7 @@ func a21Gap(t *testing.T, other bool) {
 //
 // Catches: a retention that treats an unknown lag as "read everything".
 func TestAttack21_RetentionUnknownLag(t *testing.T) {
+	t.Parallel()
 	for _, at := range []string{"zero", "middle", "setid"} {
 		t.Run(at, func(t *testing.T) { a21UnknownLag(t, at) })
 	}
@@ -970,6 +977,7 @@ func a21UnknownLag(t *testing.T, at string) {
 //
 // Catches: a retention that treats a nil lag as 0 ("read everything").
 func TestAttack21_RetentionNilLag(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"own", "foreign"} {
 		t.Run(mode, func(t *testing.T) { a21NilLag(t, mode == "own") })
 	}

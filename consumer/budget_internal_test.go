@@ -62,6 +62,7 @@ func grants(t *testing.T, b *budget, n, waiters int) []int {
 }
 
 func TestBudget_weighted(t *testing.T) {
+	t.Parallel()
 	b := newBudget(10, false)
 	b.add(0, 6, 0)
 	b.add(0, 3, 0)

@@ -157,6 +157,7 @@ func get(t *testing.T, url string) (int, []byte) {
 // run: an empty read from before the enqueue; this test's second part
 // does not hit that race reliably.)
 func TestWaitIdle(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Shared(t)
 	name := "{" + redistest.Name(t) + "}:jobs"
 	keys, _ := stream.KeysFor(name)

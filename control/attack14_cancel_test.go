@@ -249,6 +249,7 @@ func blocking(l *a14ledger, who string, release <-chan struct{}, ret func(ctx co
 // handler returned nil), acknowledged, never retried nor dead-lettered, never
 // run again; a second Cancel is refused with ErrJobFinished.
 func TestAttack14Cancel_runningEndsOnce(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		ret  func(ctx context.Context) error
@@ -497,6 +498,7 @@ func cancelLatency(t *testing.T, q *a14q, l *a14ledger, admin *redis.Client, bef
 // published (the message is lost), then delays every byte: the docs promise
 // the cancel still arrives, within about a second, by the record check.
 func TestAttack14Cancel_messageLostThroughProxy(t *testing.T) {
+	t.Parallel()
 	srv, admin := a14private(t)
 	proxy, err := faultproxy.Start(srv.Addr())
 	if err != nil {
@@ -530,12 +532,14 @@ func TestAttack14Cancel_messageLostThroughProxy(t *testing.T) {
 // the README allows ("a consumer whose ACL denies SUBSCRIBE costs at most
 // about a second").
 func TestAttack14Cancel_noSubscribePermission(t *testing.T) {
+	t.Parallel()
 	a14noSubscribe(t, "")
 }
 
 // TestAttack14Cancel_noSubscribeWithMGET is the same with MGET added to the
 // line: it measures the delay of the fallback.
 func TestAttack14Cancel_noSubscribeWithMGET(t *testing.T) {
+	t.Parallel()
 	a14noSubscribe(t, " +mget")
 }
 
@@ -724,6 +728,7 @@ func TestAttack14Cancel_raceRetry(t *testing.T) {
 // TestAttack14Cancel_raceCompletion races Cancel with short jobs that return
 // nil or the cause: exactly one final state, matching what the handler did.
 func TestAttack14Cancel_raceCompletion(t *testing.T) {
+	t.Parallel()
 	q := newA14Queue(t, nil)
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -1030,6 +1035,7 @@ func TestCancel_givenBackThenCancelled(t *testing.T) {
 // untracked jobs run: nothing that Cancel was not asked for is cancelled, and
 // the consumer keeps running.
 func TestAttack14Cancel_hostileControlMessages(t *testing.T) {
+	t.Parallel()
 	q := newA14Queue(t, nil)
 	otherQ := newA14Queue(t, nil)
 	ctx := context.Background()

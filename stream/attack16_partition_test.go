@@ -145,6 +145,7 @@ func a16Names() []string {
 }
 
 func TestAttack16_layoutIndependent(t *testing.T) {
+	t.Parallel()
 	ns := []int{1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 16, 24, 100, 127, 128, 1000, 1023, 1024}
 	bigN := map[string]bool{"orders": true, "a:b:c": true, "\xff\xfe": true} // the costly counts, for a few names
 	for _, q := range a16Names() {

@@ -155,6 +155,7 @@ func a16Setup(t *testing.T) (*redistest.Server, *redis.Client, string, []string)
 // TestAttack16_replayLimitAcrossPartitions: "--limit: replay at most this
 // many jobs (0: all); the next run continues after them".
 func TestAttack16_replayLimitAcrossPartitions(t *testing.T) {
+	t.Parallel()
 	srv, rdb, queue, streams := a16Setup(t)
 	// ls --limit 4: "list at most this many entries".
 	out, code := a16Run(t, srv.Addr(), "dlq", "ls", queue, "--partitions", strconv.Itoa(len(streams)), "--limit", "4", "-o", "json")
@@ -186,6 +187,7 @@ func TestAttack16_replayLimitAcrossPartitions(t *testing.T) {
 // TestAttack16_cliAndMetric: stats, dlq ls, replay (limited, then the rest)
 // and purge over a 6-partition queue, and the collector's series.
 func TestAttack16_cliAndMetric(t *testing.T) {
+	t.Parallel()
 	srv, rdb, queue, streams := a16Setup(t)
 	ctx := context.Background()
 	const n = 6
@@ -326,6 +328,7 @@ func TestAttack16_cliAndMetric(t *testing.T) {
 // TestAttack16_cliBadPartitions: --partitions out of range or with a bad
 // queue name is a usage error (exit 2) naming the flag.
 func TestAttack16_cliBadPartitions(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	for _, args := range [][]string{
 		{"stats", "q", "--partitions", "-3"}, {"stats", "q", "--partitions", "1025"},

@@ -124,6 +124,7 @@ func d16SourceLen(rdb *redis.Client, streams []string) int64 {
 // --partitions is stopped by SIGTERM (exit 130), then SIGKILLed twice
 // midway, then run to the end.
 func TestAttack16DLQ_killMidReplay(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t)
 	const n = 5
@@ -202,6 +203,7 @@ func TestAttack16DLQ_killMidReplay(t *testing.T) {
 // stream runs at a time: another one exits 3", here for the queue, and for
 // a replay of one partition alone (without --partitions) during it.
 func TestAttack16DLQ_concurrentCLIReplays(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t)
 	const n = 4
@@ -250,6 +252,7 @@ type d16Entry struct {
 // documented order, with equal IDs in every partition and entries added
 // between pages.
 func TestAttack16DLQ_lsPaging(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t)
 	const n = 4
@@ -365,6 +368,7 @@ func d16Before(t *testing.T, a, b d16Entry) bool {
 // TestAttack16DLQ_badValues: bad --partitions and --after values are usage
 // errors (exit 2) naming what is wrong, and change nothing.
 func TestAttack16DLQ_badValues(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t)
 	const n = 3
@@ -427,6 +431,7 @@ func TestAttack16DLQ_badValues(t *testing.T) {
 // dead_* values, duplicated fields, an empty type) do not stop ls, show or
 // replay of the others.
 func TestAttack16DLQ_hostileEntries(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t)
 	const n = 3

@@ -31,6 +31,7 @@ import (
 // once; on the dead master's partitions asynchronous replication may lose
 // an acknowledged job or run one twice, counted apart and bounded.
 func TestAttack16_onceRetryAcrossFailover(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartClusterReplicas(t, 3, 1)
 	rdb := cl.Client(t, func(o *redis.ClusterOptions) {
 		o.ClusterStateReloadInterval = time.Second

@@ -342,6 +342,7 @@ func byID(j *stream.Job) string { return j.ID }
 // 3-master cluster: every master owns 4 partitions, and 30,000 jobs go
 // through 3 consumer processes, each job run exactly once.
 func TestPartition_spreadAndThroughput(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	rdb := redis.NewClusterClient(clusterOptions(cl.Addrs()))
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -411,6 +412,7 @@ func TestPartition_spreadAndThroughput(t *testing.T) {
 // first run reported that run's lease lost (a stall or a CLUSTERDOWN past
 // the lease on a loaded machine): at-least-once, counted apart too.
 func TestPartition_masterFailover(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartClusterReplicas(t, 3, 1)
 	rdb := redis.NewClusterClient(clusterOptions(cl.Addrs()))
 	t.Cleanup(func() { _ = rdb.Close() })
