@@ -81,10 +81,11 @@ type Cut struct {
 // first come; each name and value cut to KeepBytes. (The consumer records
 // an oversize entry's dead letter so: docs/wire-format.md.)
 type Oversize struct {
-	// MaxBytes is the size limit; 0 hands every entry over whole. It is
-	// also the reply's budget: a reclaim or re-read stops taking entries
-	// once the bytes of the names and values it hands over (as handed
-	// over: whole, or cut) add up to MaxBytes, so that a reply carries
+	// MaxBytes is the size limit; 0 hands every entry over whole, with no
+	// budget. It is also the reply's budget: a reclaim or re-read takes
+	// entries until the bytes of the names and values it hands over (as
+	// handed over: whole, one value per name, or cut) add up to MaxBytes
+	// (or it has count), so that a reply carries
 	// less than MaxBytes plus one entry; the next call (the rest of the
 	// sweep, the next ReadOwn) takes the others, which were not touched.
 	// That one entry is within MaxBytes as handed over (see
