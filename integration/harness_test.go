@@ -5,14 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,35 +47,12 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(main())
 	}
-	widenParallel()
+	redistest.WidenParallel(4) // most of its tests wait far more than they compute
 	code := leakcheck.Run(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/claim.", "faultproxy.(*Proxy)")
 	if cliDir != "" {
 		os.RemoveAll(cliDir)
 	}
 	os.Exit(code)
-}
-
-// parallelTests is how many of this package's parallel tests run at once
-// unless -test.parallel is given. Most of them wait far more than they
-// compute (leases running out, workers stalled and killed, servers
-// restarted), so GOMAXPROCS, go test's default, leaves the machine idle:
-// on the 2-core development machine the package took 504 s at the default
-// and 324 s at 4 (session 16); with the attacks added since, 443 s at 4 and
-// 338 s at 6 (session 31, quiet). At 6, two runs of the whole suite beside
-// busy loops each failed tests in other packages on a broken timing
-// precondition (the integration package's load beside theirs), where runs
-// at 4 had passed: 4 it stays.
-const parallelTests = 4
-
-// widenParallel sets -test.parallel to parallelTests when the command line
-// did not set it.
-func widenParallel() {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if f := flag.Lookup("test.parallel"); f != nil && !set {
-		_ = f.Value.Set(strconv.Itoa(max(parallelTests, runtime.GOMAXPROCS(0))))
-	}
 }
 
 // idleCases is how many subtests of one idleRuns run at once.
@@ -87,7 +62,7 @@ const idleCases = 8
 // testing package allows), up to idleCases at once: for cases that spend
 // their time waiting on Block, ReadTimeout, outages and visibility
 // timeouts rather than computing, so that a family of them takes its
-// parent's slot only instead of one of the parallelTests slots per case
+// parent's slot only instead of one of the -test.parallel slots per case
 // (the attack30 read families: 330 s of the package's slot time in a quiet
 // run, nearly all of it waiting). The subtests must not call t.Parallel.
 type idleRuns struct {
