@@ -269,7 +269,7 @@ func a32Check(t *testing.T, how string, c a32Case, whole []string, got claim.Ent
 		// Entry.Fields: whole, unless its names and values add up to more
 		// than the limit; then one value per name, its last.
 		want := whole
-		if wireBytes(whole) > max {
+		if rawBytes(whole) > max {
 			want = lastValues(whole)
 		}
 		if !slices.Equal(got.Fields, want) {

@@ -41,29 +41,6 @@ func (e *env) a33add(id string, fields ...string) string {
 	return got
 }
 
-// a33size is an entry's size as the docs count it: each name once, with
-// its last value.
-func a33size(f []string) int {
-	last := map[string]string{}
-	for i := 0; i+1 < len(f); i += 2 {
-		last[f[i]] = f[i+1]
-	}
-	n := 0
-	for k, v := range last {
-		n += len(k) + len(v)
-	}
-	return n
-}
-
-// a33wire is the bytes of names and values an entry's reply carries.
-func a33wire(f []string) int {
-	n := 0
-	for _, s := range f {
-		n += len(s)
-	}
-	return n
-}
-
 // a33checkBudget checks one reply: the names and values of the entries
 // before its last add up to less than the limit, and it holds at most count
 // entries.
@@ -77,13 +54,13 @@ func a33checkBudget(t *testing.T, what string, es []claim.Entry, count int) {
 		if j == len(es)-1 && size >= a33Limit {
 			var d []string
 			for _, x := range es {
-				d = append(d, fmt.Sprintf("%s size %d wire %d cut %+v", x.ID, a33size(x.Fields), a33wire(x.Fields), x.Cut))
+				d = append(d, fmt.Sprintf("%s size %d wire %d cut %+v", x.ID, countedBytes(x.Fields), rawBytes(x.Fields), x.Cut))
 			}
 			t.Errorf("%s: %d bytes handed over before its last entry (%d of %d): over the budget %d: %v", what, size, j+1, len(es), a33Limit, d)
 		}
 		// What the reply carries of it: its names and values (an entry
 		// over the limit, cut, carries only what is kept of it).
-		size += a33wire(en.Fields)
+		size += rawBytes(en.Fields)
 	}
 }
 
@@ -216,8 +193,8 @@ func TestAttack33_exactFill(t *testing.T) {
 				t.Fatalf("handed over %v; want each of %v once, in order", entryIDs(got), ids)
 			}
 			for _, en := range got {
-				if en.Cut != nil || en.Deliveries != 2 || a33size(en.Fields) != per {
-					t.Errorf("%s: cut %+v, deliveries %d, size %d; want whole, 2, %d", en.ID, en.Cut, en.Deliveries, a33size(en.Fields), per)
+				if en.Cut != nil || en.Deliveries != 2 || countedBytes(en.Fields) != per {
+					t.Errorf("%s: cut %+v, deliveries %d, size %d; want whole, 2, %d", en.ID, en.Cut, en.Deliveries, countedBytes(en.Fields), per)
 				}
 			}
 			if tc.path == "reclaim" {
@@ -281,17 +258,17 @@ func TestAttack33_repeatedNamesReplyBytes(t *testing.T) {
 				wire, maxOne := 0, 0
 				for _, en := range es {
 					want := []string{"payload", strings.Repeat("x", big), "payload", en.Field("payload"), "n", "1"}
-					if a33wire(want) > a33Limit {
+					if rawBytes(want) > a33Limit {
 						want = want[2:]
 					}
 					if en.Cut != nil || !slices.Equal(en.Fields, want) || len(en.Field("payload")) != tc.last {
 						t.Errorf("%s: cut %+v, %d fields; want %d (payload's last value of %d bytes)", en.ID, en.Cut, len(en.Fields), len(want), tc.last)
 					}
-					if a33wire(en.Fields) > a33Limit {
-						t.Errorf("%s: %d bytes handed over; want at most MaxBytes (%d)", en.ID, a33wire(en.Fields), a33Limit)
+					if rawBytes(en.Fields) > a33Limit {
+						t.Errorf("%s: %d bytes handed over; want at most MaxBytes (%d)", en.ID, rawBytes(en.Fields), a33Limit)
 					}
-					wire += a33wire(en.Fields)
-					maxOne = max(maxOne, a33wire(en.Fields))
+					wire += rawBytes(en.Fields)
+					maxOne = max(maxOne, rawBytes(en.Fields))
 				}
 				if i < len(replies)-1 && len(es) != tc.perReply {
 					t.Errorf("reply %d: %d entries; want %d", i, len(es), tc.perReply)
@@ -365,8 +342,8 @@ func TestAttack33_deletedAndCutInBudget(t *testing.T) {
 						if (en.ID == ids[7] && value == 3000) != (en.Cut != nil) {
 							t.Errorf("%s: cut %+v", en.ID, en.Cut)
 						}
-						if en.Cut == nil && (en.Deliveries != 2 || a33size(en.Fields) != 1+2+7+value) {
-							t.Errorf("%s: deliveries %d, size %d", en.ID, en.Deliveries, a33size(en.Fields))
+						if en.Cut == nil && (en.Deliveries != 2 || countedBytes(en.Fields) != 1+2+7+value) {
+							t.Errorf("%s: deliveries %d, size %d", en.ID, en.Deliveries, countedBytes(en.Fields))
 						}
 					}
 					e.wantNotPending(gone...)

@@ -26,56 +26,16 @@ import (
 
 // ---------------------------------------------------------------- model
 
-// a34Raw is the bytes of every name and value an entry holds, duplicates
-// included.
-func a34Raw(f []string) int {
-	n := 0
-	for _, s := range f {
-		n += len(s)
-	}
-	return n
-}
-
-// a34Counted is the entry's size as stream.DecodeFields counts it: each name
-// once, with its last value.
-func a34Counted(f []string) int {
-	last := map[string]string{}
-	for i := 0; i+1 < len(f); i += 2 {
-		last[f[i]] = f[i+1]
-	}
-	n := 0
-	for k, v := range last {
-		n += len(k) + len(v)
-	}
-	return n
-}
-
-// a34LastValues is one value per name, its last, in the order of those
-// last values.
-func a34LastValues(f []string) []string {
-	lastAt := map[string]int{}
-	for i := 0; i+1 < len(f); i += 2 {
-		lastAt[f[i]] = i
-	}
-	out := []string{}
-	for i := 0; i+1 < len(f); i += 2 {
-		if lastAt[f[i]] == i {
-			out = append(out, f[i], f[i+1])
-		}
-	}
-	return out
-}
-
 // a34Model returns what the docs say a Claimer with o hands over of an
 // entry with fields f: its Fields and its Cut.
 func a34Model(f []string, o claim.Oversize) ([]string, *claim.Cut) {
 	m := o.MaxBytes
-	if m <= 0 || a34Raw(f) <= m {
+	if m <= 0 || rawBytes(f) <= m {
 		return slices.Clone(f), nil
 	}
-	counted := a34Counted(f)
+	counted := countedBytes(f)
 	if counted <= m {
-		return a34LastValues(f), nil
+		return lastValues(f), nil
 	}
 	cutS := func(s string) string { return s[:min(len(s), o.KeepBytes)] }
 	last := map[string]string{}
@@ -114,7 +74,7 @@ func a34Model(f []string, o claim.Oversize) ([]string, *claim.Cut) {
 // a34Handed is the bytes the model says a reply carries of an entry.
 func a34Handed(f []string, o claim.Oversize) int {
 	got, _ := a34Model(f, o)
-	return a34Raw(got)
+	return rawBytes(got)
 }
 
 // a34Greedy is how many of the entries (their handed-over sizes, in order)
@@ -159,13 +119,13 @@ func a34Check(t *testing.T, how string, o claim.Oversize, whole []string, got cl
 	}
 	if !slices.Equal(got.Fields, wantFields) {
 		t.Errorf("%s %s (raw %d, counted %d, limit %d): Fields\n  got  %s\n  want %s\n  whole %s",
-			how, got.ID, a34Raw(whole), a34Counted(whole), m, a34Short(got.Fields), a34Short(wantFields), a34Short(whole))
+			how, got.ID, rawBytes(whole), countedBytes(whole), m, a34Short(got.Fields), a34Short(wantFields), a34Short(whole))
 	}
 	switch {
 	case wantCut == nil && got.Cut != nil:
-		t.Errorf("%s %s (raw %d, counted %d, limit %d): Cut %+v; want nil", how, got.ID, a34Raw(whole), a34Counted(whole), m, *got.Cut)
+		t.Errorf("%s %s (raw %d, counted %d, limit %d): Cut %+v; want nil", how, got.ID, rawBytes(whole), countedBytes(whole), m, *got.Cut)
 	case wantCut != nil && got.Cut == nil:
-		t.Errorf("%s %s (raw %d, counted %d, limit %d): Cut nil; want %+v", how, got.ID, a34Raw(whole), a34Counted(whole), m, *wantCut)
+		t.Errorf("%s %s (raw %d, counted %d, limit %d): Cut nil; want %+v", how, got.ID, rawBytes(whole), countedBytes(whole), m, *wantCut)
 	case wantCut != nil && *got.Cut != *wantCut:
 		t.Errorf("%s %s: Cut %+v; want %+v", how, got.ID, *got.Cut, *wantCut)
 	}
@@ -178,8 +138,8 @@ func a34Check(t *testing.T, how string, o claim.Oversize, whole []string, got cl
 		t.Fatalf("test bug: model says cut=%v, DecodeFields(whole) = %v (whole %s)", wantCut != nil, ew, a34Short(whole))
 	}
 	if got.Cut == nil {
-		if m > 0 && a34Raw(got.Fields) > m {
-			t.Errorf("%s %s: not cut, but %d bytes handed over, over the limit %d", how, got.ID, a34Raw(got.Fields), m)
+		if m > 0 && rawBytes(got.Fields) > m {
+			t.Errorf("%s %s: not cut, but %d bytes handed over, over the limit %d", how, got.ID, rawBytes(got.Fields), m)
 		}
 		jg, eg := stream.DecodeFields(got.ID, got.Fields, m)
 		if (ew == nil) != (eg == nil) {
@@ -354,14 +314,14 @@ func a34CheckReplies(t *testing.T, how string, o claim.Oversize, replies []a34Re
 			if o.MaxBytes > 0 && j > 0 && sum >= o.MaxBytes {
 				var d []string
 				for _, x := range r.entries {
-					d = append(d, fmt.Sprintf("%s:%d(cut %v)", x.ID, a34Raw(x.Fields), x.Cut != nil))
+					d = append(d, fmt.Sprintf("%s:%d(cut %v)", x.ID, rawBytes(x.Fields), x.Cut != nil))
 				}
 				t.Errorf("%s reply %d: %d bytes handed over before entry %d of %d: the budget %d was reached; reply %v", how, i, sum, j+1, len(r.entries), o.MaxBytes, d)
 			}
-			sum += a34Raw(en.Fields)
+			sum += rawBytes(en.Fields)
 			// The last entry is within MaxBytes as handed over, unless cut.
-			if o.MaxBytes > 0 && en.Cut == nil && a34Raw(en.Fields) > o.MaxBytes {
-				t.Errorf("%s reply %d: %s not cut but %d bytes > %d", how, i, en.ID, a34Raw(en.Fields), o.MaxBytes)
+			if o.MaxBytes > 0 && en.Cut == nil && rawBytes(en.Fields) > o.MaxBytes {
+				t.Errorf("%s reply %d: %s not cut but %d bytes > %d", how, i, en.ID, rawBytes(en.Fields), o.MaxBytes)
 			}
 			if en.Cut != nil {
 				if len(en.Fields) > 2*o.KeepFields {
@@ -561,7 +521,7 @@ func TestAttack34_shapes(t *testing.T) {
 			kind = "last"
 		}
 		if kind != c.kind {
-			t.Fatalf("test bug: %s: model says %s, case says %s (raw %d counted %d)", c.name, kind, c.kind, a34Raw(c.f), a34Counted(c.f))
+			t.Fatalf("test bug: %s: model says %s, case says %s (raw %d counted %d)", c.name, kind, c.kind, rawBytes(c.f), countedBytes(c.f))
 		}
 		entries = append(entries, c.f)
 	}
@@ -575,10 +535,10 @@ func TestAttack34_shapes(t *testing.T) {
 		t.Fatalf("test bug: no case %s", n)
 		return nil
 	}
-	if got := a34LastValues(byName("interleaved")); !slices.Equal(got, []string{"type", "t", "a", "3", "c", "4", "b", "5"}) {
+	if got := lastValues(byName("interleaved")); !slices.Equal(got, []string{"type", "t", "a", "3", "c", "4", "b", "5"}) {
 		t.Fatalf("test bug: interleaved last values %q", got)
 	}
-	if got := a34LastValues(byName("type moves last")); !slices.Equal(got, []string{"h.k", "1", "payload", "{}", "type", "t"}) {
+	if got := lastValues(byName("type moves last")); !slices.Equal(got, []string{"h.k", "1", "payload", "{}", "type", "t"}) {
 		t.Fatalf("test bug: type-moves-last values %q", got)
 	}
 	if _, cut := a34Model(byName("cut earlier longest"), o); cut.Field != "zzz" || cut.Size != 5+4+253 {
@@ -673,21 +633,7 @@ func TestAttack34_budgetExact(t *testing.T) {
 		for _, how := range []string{"Sweep", "ReadOwn"} {
 			t.Run(fmt.Sprintf("%s/count%d", how, k), func(t *testing.T) {
 				t.Parallel()
-				e := setup(t)
-				ids := e.a34Add(entries)
-				whole := map[string][]string{}
-				for i, id := range ids {
-					whole[id] = entries[i]
-				}
-				var replies []a34Reply
-				if how == "Sweep" {
-					e.a34Deliver("dead", len(ids))
-					e.age(stale, ids...)
-					replies = a34SweepAll(t, e, o, k)
-				} else {
-					e.a34Deliver("me", len(ids))
-					replies = a34ReadOwnAll(t, e, o, "me", k)
-				}
+				_, ids, whole, replies := a34Hand(t, how, entries, o, k)
 				a34CheckReplies(t, how, o, replies, ids, whole, nil)
 				// Exact partition: each reply is the greedy prefix of the
 				// entries not handed over yet.
@@ -702,7 +648,7 @@ func TestAttack34_budgetExact(t *testing.T) {
 					if !slices.Equal(gotIDs, wantIDs) {
 						var gs, ws []int
 						for _, en := range r.entries {
-							gs = append(gs, a34Raw(en.Fields))
+							gs = append(gs, rawBytes(en.Fields))
 						}
 						ws = sizes[next:min(len(ids), next+want)]
 						t.Errorf("%s count %d reply %d (count %d): took %d entries with handed sizes %v; want %d with %v (handed over as the docs say; the budget %d counts them as handed over)",
@@ -798,21 +744,7 @@ func TestAttack34_maxBytesZero(t *testing.T) {
 	for _, how := range []string{"Sweep", "ReadOwn"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
-			e := setup(t)
-			ids := e.a34Add(entries)
-			whole := map[string][]string{}
-			for i, id := range ids {
-				whole[id] = entries[i]
-			}
-			var replies []a34Reply
-			if how == "Sweep" {
-				e.a34Deliver("dead", len(ids))
-				e.age(stale, ids...)
-				replies = a34SweepAll(t, e, o, 10)
-			} else {
-				e.a34Deliver("me", len(ids))
-				replies = a34ReadOwnAll(t, e, o, "me", 10)
-			}
+			_, ids, whole, replies := a34Hand(t, how, entries, o, 10)
 			got := a34CheckReplies(t, how, o, replies, ids, whole, nil)
 			for _, id := range ids {
 				if en := got[id]; !slices.Equal(en.Fields, whole[id]) || en.Cut != nil {
@@ -886,21 +818,7 @@ func TestAttack34_random(t *testing.T) {
 			for _, how := range []string{"Sweep", "ReadOwn"} {
 				t.Run(how, func(t *testing.T) {
 					t.Parallel()
-					e := setup(t)
-					ids := e.a34Add(entries)
-					whole := map[string][]string{}
-					for i, id := range ids {
-						whole[id] = entries[i]
-					}
-					var replies []a34Reply
-					if how == "Sweep" {
-						e.a34Deliver("dead", len(ids))
-						e.age(stale, ids...)
-						replies = a34SweepAll(t, e, o, k)
-					} else {
-						e.a34Deliver("me", len(ids))
-						replies = a34ReadOwnAll(t, e, o, "me", k)
-					}
+					_, ids, whole, replies := a34Hand(t, how, entries, o, k)
 					a34CheckReplies(t, fmt.Sprintf("%s %+v", how, o), o, replies, ids, whole, nil)
 					next := 0
 					for i, rp := range replies {
@@ -1039,4 +957,25 @@ func TestAttack34_twoSweepers(t *testing.T) {
 			t.Errorf("%s: pending %+v (present %v); want a taker's, count 2", id, p, ok)
 		}
 	}
+}
+
+// a34Hand adds entries to a new stream and hands them over how ("Sweep":
+// delivered to a dead consumer, aged, swept; "ReadOwn": delivered to "me",
+// re-read), k at a time, under o; it returns the env, the entries' IDs,
+// each ID's fields as added, and the replies.
+func a34Hand(t *testing.T, how string, entries [][]string, o claim.Oversize, k int) (*env, []string, map[string][]string, []a34Reply) {
+	t.Helper()
+	e := setup(t)
+	ids := e.a34Add(entries)
+	whole := map[string][]string{}
+	for i, id := range ids {
+		whole[id] = entries[i]
+	}
+	if how == "Sweep" {
+		e.a34Deliver("dead", len(ids))
+		e.age(stale, ids...)
+		return e, ids, whole, a34SweepAll(t, e, o, k)
+	}
+	e.a34Deliver("me", len(ids))
+	return e, ids, whole, a34ReadOwnAll(t, e, o, "me", k)
 }

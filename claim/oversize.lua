@@ -88,3 +88,15 @@ local function hand(f, limit, keepFields, keepBytes)
   end
   return out, {size, field, n - #out / 2}
 end
+
+-- handed(id, f, n, limit, keepFields, keepBytes) returns the reply element
+-- of entry id (fields f, delivery count n) as hand gives it, {id, fields,
+-- n} or, cut short, {id, fields, n, size, field, left}, and the bytes of
+-- the names and values it hands over (the reply budget's count).
+local function handed(id, f, n, limit, keepFields, keepBytes)
+  local kept, over = hand(f, limit, keepFields, keepBytes)
+  if over then
+    return {id, kept, n, over[1], over[2], over[3]}, bytes(kept)
+  end
+  return {id, kept, n}, bytes(kept)
+end

@@ -88,7 +88,7 @@ func TestOversize_agreesWithDecode(t *testing.T) {
 					// Within the limit as decoding counts: whole, or with one
 					// value per name when its bytes are over the limit.
 					want := all[i]
-					if wireBytes(want) > limit {
+					if rawBytes(want) > limit {
 						want = lastValues(want)
 						deduped++
 					}
@@ -284,8 +284,9 @@ func TestOversize_replyBudget(t *testing.T) {
 	}
 }
 
-// wireBytes returns the bytes of the names and values f holds.
-func wireBytes(f []string) int {
+// rawBytes returns the bytes of the names and values f holds, duplicates
+// included.
+func rawBytes(f []string) int {
 	n := 0
 	for _, s := range f {
 		n += len(s)
@@ -308,4 +309,18 @@ func lastValues(f []string) []string {
 		}
 	}
 	return out
+}
+
+// countedBytes returns an entry's size as stream.DecodeFields counts it:
+// each name once, with its last value.
+func countedBytes(f []string) int {
+	last := map[string]string{}
+	for i := 0; i+1 < len(f); i += 2 {
+		last[f[i]] = f[i+1]
+	}
+	n := 0
+	for k, v := range last {
+		n += len(k) + len(v)
+	}
+	return n
 }

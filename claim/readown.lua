@@ -29,13 +29,9 @@ for _ = 1, want do
       local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
       local n = 0
       if #p == 1 then n = p[1][4] end
-      local f, over = hand(e[2], limit, tonumber(ARGV[6]), tonumber(ARGV[7]))
-      if over then
-        out[#out + 1] = {e[1], f, n, over[1], over[2], over[3]}
-      else
-        out[#out + 1] = {e[1], f, n}
-      end
-      sent = sent + bytes(f)
+      local x, b = handed(e[1], e[2], n, limit, tonumber(ARGV[6]), tonumber(ARGV[7]))
+      out[#out + 1] = x
+      sent = sent + b
     else
       redis.call('XACK', KEYS[1], ARGV[1], e[1])
       deleted[#deleted + 1] = e[1]

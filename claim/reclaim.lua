@@ -35,13 +35,9 @@ for _ = 1, want do
     local n = 0
     if #p == 1 then n = p[1][4] end
     if e[2] then
-      local f, over = hand(e[2], limit, tonumber(ARGV[7]), tonumber(ARGV[8]))
-      if over then
-        out[#out + 1] = {e[1], f, n, over[1], over[2], over[3]}
-      else
-        out[#out + 1] = {e[1], f, n}
-      end
-      sent = sent + bytes(f)
+      local x, b = handed(e[1], e[2], n, limit, tonumber(ARGV[7]), tonumber(ARGV[8]))
+      out[#out + 1] = x
+      sent = sent + b
     else
       out[#out + 1] = {e[1], e[2], n}
     end
