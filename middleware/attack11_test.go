@@ -231,7 +231,6 @@ func splitSpace(s string) []string {
 // context is cancelled (lock or lease lost), and after Redis resumes the operation
 // completes exactly once more.
 func TestAttack11_FusedFrozenRedis(t *testing.T) {
-	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t, func(o *redis.Options) {
 		o.ReadTimeout = 200 * time.Millisecond

@@ -214,7 +214,6 @@ func TestAttack21GuardReleasedLockTakenAtOnce(t *testing.T) {
 // Catches: fences reused within a microsecond, a fence that drops after
 // release/expiry/restart, or two concurrent holders.
 func TestAttack21GuardFencesIncrease(t *testing.T) {
-	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rdb := srv.Client(t)
 	lc := lockx.New(rdb, lockx.Config{})
@@ -381,7 +380,6 @@ func TestAttack21GuardLossCancelsHandler(t *testing.T) {
 // Catches: a handler run unlocked when the lock script is refused, a job lost
 // or dead-lettered, a lock/record left forever, a key wedged.
 func TestAttack21GuardRedisFull(t *testing.T) {
-	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory", "12mb", "--maxmemory-policy", "noeviction"}})
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	ctx := context.Background()
