@@ -24,7 +24,6 @@ import (
 // TestMain fails the package when goroutines of the consumer or the claimer
 // are still running after every test has returned.
 func TestMain(m *testing.M) {
-	redistest.WidenParallel(4) // many tests wait for leases, blocks and servers
 	leakcheck.Main(m, 5*time.Second, "pelican/consumer.(*Consumer)", "pelican/consumer.(*Pool)", "pelican/claim.")
 }
 
