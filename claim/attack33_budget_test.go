@@ -139,14 +139,7 @@ func a33readOwnPages(t *testing.T, e *env, c *claim.Claimer, count int) ([]claim
 			last = laterID(last, id)
 		}
 		// Entries after the last one returned are untouched.
-		pel := e.pending()
-		for id, was := range before {
-			if stream.CompareIDs(id, last) > 0 {
-				if p := pel[id]; p.RetryCount != was.RetryCount || p.Consumer != was.Consumer {
-					t.Errorf("ReadOwn %d: %s after the last returned (%s) touched: %+v, was %+v", calls, id, last, p, was)
-				}
-			}
-		}
+		e.wantUntouchedAfter(t, before, last, calls)
 		after = last
 	}
 	t.Fatal("ReadOwn never ran dry")

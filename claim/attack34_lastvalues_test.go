@@ -283,14 +283,7 @@ func a34ReadOwnAll(t *testing.T, e *env, o claim.Oversize, consumer string, coun
 		for _, id := range del {
 			last = laterID(last, id)
 		}
-		pel := e.pending()
-		for id, was := range before {
-			if stream.CompareIDs(id, last) > 0 {
-				if p := pel[id]; p.RetryCount != was.RetryCount || p.Consumer != was.Consumer {
-					t.Errorf("ReadOwn %d: %s after the last returned (%s) touched: %+v, was %+v", len(replies), id, last, p, was)
-				}
-			}
-		}
+		e.wantUntouchedAfter(t, before, last, len(replies))
 		after = last
 	}
 	t.Fatal("ReadOwn never ran dry")

@@ -324,3 +324,18 @@ func countedBytes(f []string) int {
 	}
 	return n
 }
+
+// wantUntouchedAfter fails t unless every entry of before (the PEL before
+// ReadOwn call n) after last, the last ID the call returned, still has its
+// owner and delivery count.
+func (e *env) wantUntouchedAfter(t *testing.T, before map[string]redis.XPendingExt, last string, n int) {
+	t.Helper()
+	pel := e.pending()
+	for id, was := range before {
+		if stream.CompareIDs(id, last) > 0 {
+			if p := pel[id]; p.RetryCount != was.RetryCount || p.Consumer != was.Consumer {
+				t.Errorf("ReadOwn %d: %s after the last returned (%s) touched: %+v, was %+v", n, id, last, p, was)
+			}
+		}
+	}
+}
