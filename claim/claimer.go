@@ -92,9 +92,11 @@ type Oversize struct {
 	// [Entry.Fields]), except a cut entry, which holds up to KeepFields
 	// names and values of KeepBytes each, whatever MaxBytes is.
 	MaxBytes int
-	// KeepFields and KeepBytes say what is kept of an entry over it; 0
-	// keeps nothing of it (no fields, only its Cut). The consumer keeps
-	// 1,100 fields and [stream.CutBytes] bytes, as its dead letters do.
+	// KeepFields and KeepBytes say what is kept of an entry over it.
+	// KeepFields 0 keeps no fields, only its Cut; KeepBytes 0 keeps up to
+	// KeepFields fields, each name and value empty (and Cut.Field empty).
+	// The consumer keeps 1,100 fields and [stream.CutBytes] bytes, as its
+	// dead letters do.
 	KeepFields, KeepBytes int
 }
 
@@ -166,7 +168,9 @@ func (c *Claimer) reclaim(ctx context.Context, minIdle time.Duration, cursor str
 // ReadOwn re-reads up to count of this consumer's own pending entries with
 // IDs greater than after ("0" for the first page), for a consumer that
 // restarted under the same name. Reading counts as a delivery. Entries
-// deleted while pending are acknowledged and returned as deleted.
+// deleted while pending are acknowledged and returned as deleted, and count
+// toward count: the entries and deleted IDs of one call add up to at most
+// count, and the next page goes on after the highest ID of either.
 func (c *Claimer) ReadOwn(ctx context.Context, after string, count int) ([]Entry, []string, error) {
 	res, err := readOwnScript.Run(ctx, c.rdb, []string{c.stream}, c.group, c.consumer, after, count,
 		c.over.MaxBytes, c.over.KeepFields, c.over.KeepBytes).Slice()

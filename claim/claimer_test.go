@@ -2,6 +2,7 @@ package claim_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -672,6 +673,36 @@ func TestClaimer_ReadOwn(t *testing.T) {
 			t.Errorf("second ReadOwn: entries %v deleted %v; want %v and nothing deleted", entryIDs(entries), deleted, ids[2:3])
 		}
 	})
+
+	// Deleted entries count toward count, with or without a size limit (a
+	// size limit reads one entry at a time): a page of 2 over two deleted
+	// entries holds only them, and the next page goes on after them.
+	for _, over := range []claim.Oversize{{}, {MaxBytes: 1 << 20, KeepFields: 10, KeepBytes: 10}} {
+		t.Run(fmt.Sprintf("deleted entries count toward count/MaxBytes=%d", over.MaxBytes), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ids := e.add(4)
+			e.read("a", 4)
+			if err := e.rdb.XDel(e.ctx, e.stream, ids[0], ids[1]).Err(); err != nil {
+				t.Fatal(err)
+			}
+			c := claim.New(e.rdb, e.stream, group, "a", over)
+			entries, deleted, err := c.ReadOwn(t.Context(), "0", 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(entries) != 0 || !slices.Equal(deleted, ids[:2]) {
+				t.Errorf("ReadOwn(0, 2): entries %v deleted %v; want none and %v", entryIDs(entries), deleted, ids[:2])
+			}
+			entries, deleted, err = c.ReadOwn(t.Context(), ids[1], 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(deleted) != 0 || !slices.Equal(entryIDs(entries), ids[2:]) {
+				t.Errorf("ReadOwn(%s, 2): entries %v deleted %v; want %v and none", ids[1], entryIDs(entries), deleted, ids[2:])
+			}
+		})
+	}
 
 	t.Run("missing group is an error", func(t *testing.T) {
 		t.Parallel()

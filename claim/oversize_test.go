@@ -339,3 +339,43 @@ func (e *env) wantUntouchedAfter(t *testing.T, before map[string]redis.XPendingE
 		}
 	}
 }
+
+// KeepBytes 0 keeps the fields of a cut entry, up to KeepFields, each name
+// and value empty; KeepFields 0 keeps none. Either way the Cut reports the
+// entry's counted size and how many fields were left out.
+func TestOversize_keepNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	fields := []any{"type", "t", "payload", strings.Repeat("x", 100), "attempt", "0"}
+	id, err := e.rdb.XAdd(e.ctx, &redis.XAddArgs{Stream: e.stream, Values: fields}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.read("a", 1)
+	size := countedBytes([]string{"type", "t", "payload", strings.Repeat("x", 100), "attempt", "0"})
+	for _, tc := range []struct {
+		over   claim.Oversize
+		fields []string
+		field  string
+		left   int
+	}{
+		{claim.Oversize{MaxBytes: 50, KeepFields: 2, KeepBytes: 0}, []string{"", "", "", ""}, "", 1},
+		{claim.Oversize{MaxBytes: 50, KeepFields: 3, KeepBytes: 0}, []string{"", "", "", "", "", ""}, "", 0},
+		{claim.Oversize{MaxBytes: 50, KeepFields: 0, KeepBytes: 4}, []string{}, "payl", 3},
+	} {
+		entries, _, err := claim.New(e.rdb, e.stream, group, "a", tc.over).ReadOwn(e.ctx, "0", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 1 || entries[0].ID != id {
+			t.Fatalf("%+v: ReadOwn: %v; want %s", tc.over, entryIDs(entries), id)
+		}
+		got := entries[0]
+		if got.Cut == nil {
+			t.Fatalf("%+v: not cut: %q", tc.over, got.Fields)
+		}
+		if !slices.Equal(got.Fields, tc.fields) || *got.Cut != (claim.Cut{Size: size, Field: tc.field, Left: tc.left}) {
+			t.Errorf("%+v: Fields %q Cut %+v; want %q and {Size:%d Field:%q Left:%d}", tc.over, got.Fields, *got.Cut, tc.fields, size, tc.field, tc.left)
+		}
+	}
+}
