@@ -184,7 +184,12 @@ func TestLock_renews(t *testing.T) {
 						first = at
 					}
 					if lockFree(t, locks, job.LockKey) {
-						return fmt.Errorf("the lock expired %v after the first probe", at.Sub(first))
+						err := fmt.Errorf("the lock expired %v after the first probe (%v after the last that found it held)", at.Sub(first), at.Sub(last))
+						select { // did the watchdog hear of the loss?
+						case <-ctx.Done():
+						case <-time.After(ttl):
+						}
+						return fmt.Errorf("%w; then, within the TTL, the handler's context: %v", err, context.Cause(ctx))
 					}
 					last = at
 					time.Sleep(10 * time.Millisecond)
