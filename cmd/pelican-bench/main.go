@@ -106,6 +106,7 @@ func main() {
 	phasesFlag := flag.String("phases", strings.Join(allPhases, ","), "phases to run, a comma list of: "+strings.Join(allPhases, ", "))
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of one extra run of -profile-phase to this file")
 	memprofile := flag.String("memprofile", "", "write allocation profiles (FILE.base before, FILE after) of one extra run of -profile-phase")
+	cmdstats := flag.Bool("commandstats", false, "print the Redis commands (INFO commandstats: calls and µs per job) of one extra run of -profile-phase")
 	profilePhase := flag.String("profile-phase", "", "the run to profile: a row key such as full-chain@default or consume@50, floor:KEY for the floor's side")
 	retention := flag.Int("retention", 0, "run only the retention phase: this many jobs through one queue, then the consume phase with settled entries deleted vs kept")
 	backlog := flag.Int("backlog", 100000, "retention phase: how far the producer may run ahead of the consumer")
@@ -142,8 +143,8 @@ func main() {
 	rows := b.rows(phases, concs)
 	var profRow *row
 	profFloor := false
-	if (*cpuprofile != "" || *memprofile != "") != (*profilePhase != "") {
-		usage("-profile-phase goes with -cpuprofile or -memprofile")
+	if (*cpuprofile != "" || *memprofile != "" || *cmdstats) != (*profilePhase != "") {
+		usage("-profile-phase goes with -cpuprofile, -memprofile or -commandstats")
 	}
 	if *profilePhase != "" {
 		key, floor := strings.CutPrefix(*profilePhase, "floor:")
@@ -241,7 +242,8 @@ func main() {
 		if profFloor {
 			side, run = "floor", profRow.floor
 		}
-		b.prof = &profileReq{cpu: *cpuprofile, mem: *memprofile}
+		p := &profileReq{cpu: *cpuprofile, mem: *memprofile, stats: *cmdstats}
+		b.prof = p
 		r := run(ctx, b.tag(profRow.key, "profile", side))
 		b.prof = nil
 		fmt.Printf("\nprofiled one extra run of %s (%s): %s jobs/s, %.1f CPU µs/job (not in the tables)\n",
@@ -251,6 +253,9 @@ func main() {
 		}
 		if *memprofile != "" {
 			fmt.Printf("  go tool pprof -sample_index=alloc_space -top -base %s.base %s\n", *memprofile, *memprofile)
+		}
+		if *cmdstats {
+			printCommandStats(p.statsBefore, p.statsAfter, r.jobs)
 		}
 	}
 	b.cleanupAll(ctx)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -182,6 +183,9 @@ func (m *meter) stop(ctx context.Context, jobs int) result {
 type profileReq struct {
 	cpu, mem string
 	cpuFile  *os.File
+	// stats: snapshot INFO commandstats around the run.
+	stats                   bool
+	statsBefore, statsAfter map[string]cmdStat
 }
 
 func (b *bench) startProfile() {
@@ -191,6 +195,9 @@ func (b *bench) startProfile() {
 	}
 	if p.mem != "" {
 		writeHeapProfile(b, p.mem+".base")
+	}
+	if p.stats {
+		p.statsBefore = commandStats(b)
 	}
 	if p.cpu != "" {
 		f, err := os.Create(p.cpu)
@@ -216,6 +223,74 @@ func (b *bench) stopProfile() {
 	}
 	if p.mem != "" {
 		writeHeapProfile(b, p.mem)
+	}
+	if p.stats {
+		p.statsAfter = commandStats(b)
+	}
+}
+
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct {
+	calls int64
+	usec  int64
+}
+
+// commandStats returns the Redis server's INFO commandstats, by command.
+func commandStats(b *bench) map[string]cmdStat {
+	info, err := b.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.fatalf("INFO commandstats: %v", err)
+	}
+	return parseCommandStats(info)
+}
+
+// parseCommandStats parses the lines "cmdstat_NAME:calls=N,usec=N,..." of
+// INFO commandstats.
+func parseCommandStats(info string) map[string]cmdStat {
+	out := map[string]cmdStat{}
+	for line := range strings.Lines(info) {
+		name, rest, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_")), ":")
+		if !ok || !strings.HasPrefix(line, "cmdstat_") {
+			continue
+		}
+		var st cmdStat
+		for kv := range strings.SplitSeq(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				st.calls = n
+			case "usec":
+				st.usec = n
+			}
+		}
+		out[name] = st
+	}
+	return out
+}
+
+// printCommandStats prints what Redis ran between before and after, per job
+// of a run of jobs jobs, most time first. The time of a script (EVALSHA)
+// includes the commands it ran, which are also counted on their own lines.
+// Redis counts every client's commands: on a shared server, others' too.
+func printCommandStats(before, after map[string]cmdStat, jobs int) {
+	type line struct {
+		name string
+		d    cmdStat
+	}
+	var lines []line
+	for name, a := range after {
+		d := cmdStat{a.calls - before[name].calls, a.usec - before[name].usec}
+		if d.calls > 0 {
+			lines = append(lines, line{name, d})
+		}
+	}
+	slices.SortFunc(lines, func(x, y line) int { return cmp.Compare(y.d.usec, x.d.usec) })
+	fmt.Printf("\nRedis commands of that run (INFO commandstats; a script's time includes the commands it ran, also listed):\n\n")
+	fmt.Println("| command | calls | calls/job | µs/call | µs/job |\n|---|---|---|---|---|")
+	for _, l := range lines {
+		fmt.Printf("| %s | %d | %.3f | %.2f | %.3f |\n", l.name, l.d.calls, float64(l.d.calls)/float64(jobs),
+			float64(l.d.usec)/float64(l.d.calls), float64(l.d.usec)/float64(jobs))
 	}
 }
 

@@ -69,3 +69,20 @@ func TestParseConcurrency(t *testing.T) {
 		}
 	}
 }
+
+func TestParseCommandStats(t *testing.T) {
+	t.Parallel()
+	info := "# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=3654,usec=863666,usec_per_call=236.36,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_xinfo|groups:calls=723,usec=3039,usec_per_call=4.20,rejected_calls=0,failed_calls=0\r\n"
+	got := parseCommandStats(info)
+	want := map[string]cmdStat{"evalsha": {3654, 863666}, "xinfo|groups": {723, 3039}}
+	if len(got) != len(want) {
+		t.Fatalf("parseCommandStats = %v, want %v", got, want)
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Fatalf("parseCommandStats[%q] = %v, want %v", k, got[k], w)
+		}
+	}
+}
