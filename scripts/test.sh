@@ -56,4 +56,9 @@ if [ -n "$unformatted" ]; then
   echo "gofmt would change:"; echo "$unformatted"; exit 1
 fi
 go vet ./...
-go test -race -count=1 -timeout 20m "$@" ./...
+# Every package, the integration package first: it takes about as long as
+# all the others together (320 s of 670 s with -race, quiet), and in go
+# test's own order it started after the others had run for two minutes. Given
+# first, it runs beside them from the start (go test runs packages in the
+# order given, GOMAXPROCS at a time).
+go test -race -count=1 -timeout 20m "$@" ./integration/ $(go list ./... | grep -v '/integration$')
