@@ -246,8 +246,8 @@ func main() {
 		b.prof = p
 		r := run(ctx, b.tag(profRow.key, "profile", side))
 		b.prof = nil
-		fmt.Printf("\nprofiled one extra run of %s (%s): %s jobs/s, %.1f CPU µs/job (not in the tables)\n",
-			profRow.key, side, thousands(r.rate()), r.cpuPerJob())
+		fmt.Printf("\nprofiled one extra run of %s (%s): %s jobs/s, %.1f CPU µs/job (client %.1f / Redis %.1f; not in the tables)\n",
+			profRow.key, side, thousands(r.rate()), r.cpuPerJob(), r.clientPerJob(), r.redisPerJob())
 		if *cpuprofile != "" {
 			fmt.Printf("  go tool pprof -top %s\n", *cpuprofile)
 		}
