@@ -77,6 +77,18 @@ func (h *healthState) init() {
 	})
 }
 
+// answered reports whether a read of new entries has been answered (Reading
+// is closed).
+func (h *healthState) answered() bool {
+	h.init()
+	select {
+	case <-h.reading:
+		return true
+	default:
+		return false
+	}
+}
+
 // readSent records that a read of new entries was sent at.
 func (h *healthState) readSent(at time.Time) { h.read.sent(at) }
 
@@ -216,8 +228,9 @@ func (c *Consumer) Health() Health {
 }
 
 // Reading returns a channel closed once Run has started reading new
-// entries (its first read was answered): the consumer has created its
-// group, passed its checks and re-read its own pending jobs. It is never
+// entries (its first read was answered; that read does not block, so on an
+// empty stream this does not wait for Config.Block): the consumer has
+// created its group, passed its checks and re-read its own pending jobs. It is never
 // closed when Run returns before that (an invalid configuration, a fatal
 // error at start): wait for Run too.
 func (c *Consumer) Reading() <-chan struct{} {

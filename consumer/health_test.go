@@ -225,3 +225,49 @@ func TestWaitIdle(t *testing.T) {
 		t.Fatal("WaitIdle after Run returned: nil, want an error")
 	}
 }
+
+// Reading is closed at the answer to the consumer's first read, which does
+// not block: on an empty stream a program waiting for Reading to enqueue
+// does not wait a Block. Block and the sweep (which bounds a read's block)
+// are ten minutes here, so a first read that blocked would hold Reading
+// back far past the bound. A job enqueued once Reading is closed runs.
+// Red check: with the first read blocking as the others do, Reading is not
+// closed within the minute.
+func TestHealth_readingDoesNotWaitABlock(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	name := redistest.Name(t)
+	ran := make(chan string, 1)
+	c := consumer.New(rdb, consumer.Config{Stream: name, Group: "g", Block: 10 * time.Minute,
+		VisibilityTimeout: time.Hour, SweepInterval: 10 * time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).
+		Handle(consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
+			ran <- j.ID
+			return nil
+		}))
+	runErr := make(chan error, 1)
+	go func() { runErr <- c.Run(context.Background()) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Shutdown(ctx)
+		if err := <-runErr; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	recv(t, c.Reading(), time.Minute, "Reading with Block 10m on an empty stream")
+	job, err := stream.NewJSONJob("t", map[string]int{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.NewProducer(rdb, stream.ProducerConfig{Stream: name}).Enqueue(context.Background(), job); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-ran:
+		if id != job.ID {
+			t.Fatalf("ran job %s, want %s", id, job.ID)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the job enqueued after Reading did not run within a minute")
+	}
+}

@@ -279,12 +279,19 @@ func (c *Consumer) intake(ctx context.Context, reader xreader, nextSweep *time.T
 	at := time.Now()
 	c.finishedAtRead = c.finished.Load()
 	c.health.readSent(at)
+	block := max(min(c.r.Block, time.Until(*nextSweep)), time.Millisecond)
+	if !c.health.answered() {
+		// The first read does not block: Reading is closed at its answer,
+		// and a program waiting for it to enqueue (a test, a bench) should
+		// not wait a Block on an empty stream.
+		block = -1
+	}
 	res, err := reader.read(ctx, &redis.XReadGroupArgs{
 		Group:    c.r.Group,
 		Consumer: c.r.Consumer,
 		Streams:  []string{c.r.Stream, ">"},
 		Count:    int64(n),
-		Block:    max(min(c.r.Block, time.Until(*nextSweep)), time.Millisecond),
+		Block:    block,
 	})
 	c.health.readDone(at, res, err)
 	if err != nil {

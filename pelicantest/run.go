@@ -81,12 +81,19 @@ type runConfig struct {
 	timeout time.Duration
 }
 
+// RunBlock is the default Config.Block of Run's consumer. The embedded
+// Redis cannot end a blocked read (CLIENT UNBLOCK), so Run's shutdown waits
+// for the read in progress: at the consumer's default of a second, every
+// Run on it would take a second.
+const RunBlock = 20 * time.Millisecond
+
 // WithRedis runs the job on r (default: a [NewRedis] of the test's own).
 func WithRedis(r *Redis) Option { return func(c *runConfig) { c.redis = r } }
 
 // WithConfig sets the consumer's configuration. Stream defaults to
-// Redis.Name("jobs"), Group to "pelicantest", Concurrency to 1, Logger to
-// one that discards; the rest to the consumer's defaults.
+// Redis.Name("jobs"), Group to "pelicantest", Concurrency to 1, Block to
+// [RunBlock], Logger to one that discards; the rest to the consumer's
+// defaults.
 func WithConfig(cfg consumer.Config) Option { return func(c *runConfig) { c.cfg = cfg } }
 
 // WithMiddleware sets the middleware chain, outermost first, as
@@ -127,6 +134,9 @@ func Run(t TB, h consumer.Handler, job *stream.Job, opts ...Option) Result {
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
+	}
+	if cfg.Block == 0 {
+		cfg.Block = RunBlock
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
