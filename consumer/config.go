@@ -37,10 +37,13 @@ type Config struct {
 	// doubling per attempt, capped at one hour ([DefaultBackoffCap]), equal
 	// jitter.
 	Backoff Backoff
-	// Block is how long one XREADGROUP waits for new entries. Shutdown waits
-	// for a blocked read to return unless the client has
-	// ContextTimeoutEnabled, and the lease of a job delivered by a blocked
-	// read counts from when the read was sent, so keep it short. Defaults to
+	// Block is how long one XREADGROUP waits for new entries. On a
+	// single-node client Shutdown ends a blocked read at once (CLIENT
+	// UNBLOCK); on a Cluster client, when the Redis user may not run CLIENT
+	// ID or CLIENT UNBLOCK, or on a server without them (the embedded
+	// miniredis), it waits for the read to return unless the client has
+	// ContextTimeoutEnabled. The lease of a job delivered by a blocked read
+	// counts from when the read was sent, so keep it short. Defaults to
 	// [DefaultBlock].
 	Block time.Duration
 	// Concurrency is the number of jobs that run at once. Defaults to
