@@ -230,9 +230,9 @@ func (c *Consumer) Health() Health {
 // Reading returns a channel closed once Run has started reading new
 // entries (its first read was answered; that read does not block, so on an
 // empty stream this does not wait for Config.Block): the consumer has
-// created its group, passed its checks and re-read its own pending jobs. It is never
-// closed when Run returns before that (an invalid configuration, a fatal
-// error at start): wait for Run too.
+// created its group, passed its checks and re-read its own pending jobs.
+// It is never closed when Run returns before that (an invalid
+// configuration, a fatal error at start): wait for Run too.
 func (c *Consumer) Reading() <-chan struct{} {
 	c.health.init()
 	return c.health.reading
