@@ -2,10 +2,12 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/pelicanqueue/pelican/internal/pgtest"
+	"github.com/pelicanqueue/pelican/internal/poll"
 	"github.com/pelicanqueue/pelican/internal/redistest"
 	"github.com/pelicanqueue/pelican/stream"
 )
@@ -98,17 +100,10 @@ func TestRelay_postgresRestart(t *testing.T) {
 	}
 	// The relay deletes a batch's rows after adding its jobs: the last
 	// batch's rows may still be there when its jobs are seen in the stream.
-	deadline = time.Now().Add(time.Minute)
-	for {
+	poll.Until(t, time.Minute, func() (bool, string) {
 		n := b.rows(t)
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows left a minute after every job was in the stream", n)
-		}
-		time.Sleep(10 * time.Millisecond) // polling the result
-	}
+		return n == 0, fmt.Sprintf("%d rows left a minute after every job was in the stream", n)
+	})
 	if got := b.inStream(t); len(got) != len(ids) {
 		t.Errorf("the stream holds %d jobs once the rows are gone, want %d", len(got), len(ids))
 	}

@@ -12,6 +12,7 @@ package pelicantest_test
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -21,9 +22,6 @@ import (
 	"github.com/pelicanqueue/pelican/pelicantest"
 	"github.com/pelicanqueue/pelican/stream"
 )
-
-// a35RealRedis is the real server of the tests that set PELICAN_TEST_REDIS.
-const a35RealRedis = "redis://127.0.0.1:6379/0"
 
 func a35Job(t *testing.T, typ string) *stream.Job {
 	t.Helper()
@@ -56,8 +54,9 @@ func (c *a35Calls) get(typ string) int {
 }
 
 // a35Outcomes runs one job per outcome through Run and checks what Run read
-// back. parallel is false under t.Setenv.
-func a35Outcomes(t *testing.T, parallel bool) {
+// back, on the Redis that PELICAN_TEST_REDIS names (a11Backends sets it).
+func a35Outcomes(t *testing.T) {
+	embedded := os.Getenv(pelicantest.EnvRedis) == ""
 	errBoom := errors.New("boom-a35")
 	cases := []struct {
 		name  string
@@ -126,12 +125,9 @@ func a35Outcomes(t *testing.T, parallel bool) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if parallel {
-				t.Parallel()
-			}
 			r := pelicantest.NewRedis(t)
-			if parallel != r.Embedded() {
-				t.Fatalf("NewRedis at %s, embedded %v; want embedded %v", r.Where, r.Embedded(), parallel)
+			if embedded != r.Embedded() {
+				t.Fatalf("NewRedis at %s, embedded %v; want embedded %v", r.Where, r.Embedded(), embedded)
 			}
 			var calls a35Calls
 			typ := "a35." + tc.name
@@ -158,28 +154,18 @@ func a35Outcomes(t *testing.T, parallel bool) {
 }
 
 // Promise: with RunBlock's 20 ms Block, every outcome is still read back
-// correctly on the embedded Redis.
-func TestAttack35_OutcomesEmbedded(t *testing.T) {
-	t.Parallel()
-	a35Outcomes(t, true)
-}
-
-// Promise: the same outcomes read back correctly on a real Redis
-// (PELICAN_TEST_REDIS), where Run is said to take about 7 ms.
-func TestAttack35_OutcomesRealRedis(t *testing.T) {
-	t.Setenv(pelicantest.EnvRedis, a35RealRedis)
-	a35Outcomes(t, false)
-}
+// correctly, on the embedded Redis and on a real one.
+func TestAttack35_Outcomes(t *testing.T) { a11Backends(t, a35Outcomes) }
 
 // a35EnqueueChildren is a handler that enqueues n jobs of type a35.child on
 // its own stream; children that run are counted in calls.
-func a35EnqueueChildren(rdb func() *pelicantest.Redis, calls *a35Calls, n int) consumer.Handler {
+func a35EnqueueChildren(r *pelicantest.Redis, calls *a35Calls, n int) consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, j *stream.Job) error {
 		calls.add(j.Type)
 		if j.Type != "a35.parent" {
 			return nil
 		}
-		p := stream.NewProducer(rdb().Client, stream.ProducerConfig{Stream: j.Stream})
+		p := stream.NewProducer(r.Client, stream.ProducerConfig{Stream: j.Stream})
 		for i := 0; i < n; i++ {
 			c, err := stream.NewJSONJob("a35.child", map[string]int{"i": i})
 			if err != nil {
@@ -196,7 +182,7 @@ func a35EnqueueChildren(rdb func() *pelicantest.Redis, calls *a35Calls, n int) c
 // a35SameStream checks that a job the handler enqueues on the same stream is
 // reported in Enqueued, stays in the stream and never runs ("Only that one
 // delivery runs"), also with Concurrency 4 and a Block set by WithConfig.
-func a35SameStream(t *testing.T, parallel bool) {
+func a35SameStream(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  *consumer.Config
@@ -206,12 +192,9 @@ func a35SameStream(t *testing.T, parallel bool) {
 		{"block200ms", &consumer.Config{Block: 200 * time.Millisecond, Concurrency: 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if parallel {
-				t.Parallel()
-			}
 			r := pelicantest.NewRedis(t)
 			var calls a35Calls
-			h := a35EnqueueChildren(func() *pelicantest.Redis { return r }, &calls, 3)
+			h := a35EnqueueChildren(r, &calls, 3)
 			opts := []pelicantest.Option{pelicantest.WithRedis(r)}
 			if tc.cfg != nil {
 				opts = append(opts, pelicantest.WithConfig(*tc.cfg))
@@ -252,17 +235,8 @@ func a35SameStream(t *testing.T, parallel bool) {
 }
 
 // Promise: a handler that enqueues on its own stream gets its jobs reported
-// and held (embedded Redis, short Block and WithConfig's Block).
-func TestAttack35_HandlerEnqueuesSameStreamEmbedded(t *testing.T) {
-	t.Parallel()
-	a35SameStream(t, true)
-}
-
-// Promise: the same on a real Redis.
-func TestAttack35_HandlerEnqueuesSameStreamRealRedis(t *testing.T) {
-	t.Setenv(pelicantest.EnvRedis, a35RealRedis)
-	a35SameStream(t, false)
-}
+// and held (short Block and WithConfig's Block), on both Redis kinds.
+func TestAttack35_HandlerEnqueuesSameStream(t *testing.T) { a11Backends(t, a35SameStream) }
 
 // Promise: WithConfig with an explicit Block is honoured and the outcome is
 // read back; WithConfig without a Block keeps RunBlock (not the consumer's
@@ -318,16 +292,6 @@ func a35Many(t *testing.T) {
 	}
 }
 
-// Promise: 50 Runs in a row on the embedded Redis take far less than the old
-// one second each (README: about 25 ms each).
-func TestAttack35_ManyRunsEmbedded(t *testing.T) {
-	t.Parallel()
-	a35Many(t)
-}
-
-// Promise: 50 Runs in a row on a real Redis take far less than one second
-// each (README: about 7 ms each).
-func TestAttack35_ManyRunsRealRedis(t *testing.T) {
-	t.Setenv(pelicantest.EnvRedis, a35RealRedis)
-	a35Many(t)
-}
+// Promise: 50 Runs in a row take far less than the old one second each
+// (README: about 25 ms each embedded, 7 ms on a real Redis).
+func TestAttack35_ManyRuns(t *testing.T) { a11Backends(t, a35Many) }
